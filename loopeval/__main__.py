@@ -1,0 +1,3 @@
+from loopeval.cli import main
+
+raise SystemExit(main())
