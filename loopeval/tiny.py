@@ -105,11 +105,13 @@ def tiny_config(arch: str = "qwen3", *, vocab_size: int = 512, num_layers: int =
     return cfg
 
 
-def tiny_model(arch: str = "qwen3", *, seed: int = 0, **config_kwargs):
+def tiny_model(arch: str = "qwen3", *, seed: int = 0, attn_implementation: str | None = None, **config_kwargs):
     """A random-weight causal LM of ``tiny_config(arch, **config_kwargs)``, in float32 eval mode."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, **config_kwargs), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(
+        tiny_config(arch, **config_kwargs), dtype=torch.float32, attn_implementation=attn_implementation
+    )
     return model.eval()

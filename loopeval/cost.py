@@ -1,0 +1,203 @@
+"""What a loop costs per token: layer passes, forward FLOPs and cache memory (paper A.2).
+
+The paper charges a loop its layer passes, c = (N + m) / N. FLOPs refine that with the
+usual dense accounting: a forward pass costs 2 FLOPs per parameter it multiplies by
+(every layer call site, plus the LM head; embedding look-ups are free), plus the
+attention term, which depends on the context length T:
+
+* softmax attention: 4 * T' * (heads * head_dim) per call site (Q·K and A·V), with
+  T' = T for full attention and min(T, window) for sliding-window layers;
+* Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention): a constant
+  6 * v_heads * k_dim * v_dim per call site (read, update and query the d_k x d_v
+  state of each value head), independent of T.
+
+Extra passes add KV cache per token (attention call sites) and recurrent plus
+convolution state per sequence (Gated DeltaNet call sites).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from loopeval.loop import LoopSpec
+
+
+@dataclass(frozen=True)
+class _LayerCost:
+    params: int
+    attn_full: float  # FLOPs per unit of context length
+    attn_sliding: float  # FLOPs per unit of min(context, window)
+    window: int
+    attn_const: float  # context-independent attention FLOPs (linear attention)
+    kv_elems_per_token: int
+    state_elems: int
+
+
+@dataclass(frozen=True)
+class LoopCost:
+    """Per-token cost of a looped model and of its unlooped base.
+
+    ``multiplier`` is the paper's c = passes / base_passes. FLOP figures are forward
+    FLOPs; ``bytes_per_element`` (default 2, bf16) sizes the caches.
+    """
+
+    spec: LoopSpec
+    base_passes: int
+    passes: int
+    layer_params: tuple[int, ...]
+    head_params: int
+    schedule: tuple[int, ...]
+    bytes_per_element: int
+    _layers: tuple[_LayerCost, ...] = field(repr=False)
+
+    @property
+    def multiplier(self) -> float:
+        return self.passes / self.base_passes
+
+    @property
+    def extra_passes(self) -> int:
+        return self.passes - self.base_passes
+
+    def _flops(self, layers: list[int], context) -> np.ndarray:
+        t = np.asarray(context, dtype=np.float64)
+        total = np.full_like(t, 2.0 * self.head_params)
+        for j in layers:
+            c = self._layers[j]
+            total += 2.0 * c.params + c.attn_const + c.attn_full * t + c.attn_sliding * np.minimum(t, c.window)
+        return total
+
+    def flops_per_token(self, context_length) -> float | np.ndarray:
+        """Forward FLOPs of one generated token at context length T (scalar or array)."""
+        out = self._flops(list(self.schedule), context_length)
+        return float(out) if out.ndim == 0 else out
+
+    def base_flops_per_token(self, context_length) -> float | np.ndarray:
+        """The same for the unlooped model."""
+        out = self._flops(list(range(self.base_passes)), context_length)
+        return float(out) if out.ndim == 0 else out
+
+    def generation_flops(self, prompt_tokens: int, generated_tokens: int, *, looped: bool = True) -> float:
+        """Forward FLOPs of one cached generation: the prompt's P positions and the
+        first G - 1 generated tokens go through every call site (position t attends to
+        t tokens), and the LM head runs once per generated token."""
+        if prompt_tokens < 0 or generated_tokens < 0:
+            raise ValueError(f"token counts must be >= 0, got prompt={prompt_tokens}, generated={generated_tokens}")
+        layers = list(self.schedule) if looped else list(range(self.base_passes))
+        positions = np.arange(1, prompt_tokens + max(generated_tokens - 1, 0) + 1, dtype=np.float64)
+        per_position = self._flops(layers, positions) - 2.0 * self.head_params
+        return float(per_position.sum() + 2.0 * self.head_params * generated_tokens)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes added per token, over all call sites."""
+        return self.bytes_per_element * sum(self._layers[j].kv_elems_per_token for j in self.schedule)
+
+    @property
+    def base_kv_bytes_per_token(self) -> int:
+        return self.bytes_per_element * sum(c.kv_elems_per_token for c in self._layers)
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """Recurrent plus convolution state bytes per sequence (Gated DeltaNet call sites)."""
+        return self.bytes_per_element * sum(self._layers[j].state_elems for j in self.schedule)
+
+    @property
+    def base_state_bytes_per_sequence(self) -> int:
+        return self.bytes_per_element * sum(c.state_elems for c in self._layers)
+
+    def summary(self) -> dict:
+        """The figures a trace or report records, as plain JSON-able values."""
+        return {
+            "loop": str(self.spec),
+            "base_passes": self.base_passes,
+            "passes": self.passes,
+            "multiplier": self.multiplier,
+            "layer_params": sum(self.layer_params),
+            "head_params": self.head_params,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "state_bytes_per_sequence": self.state_bytes_per_sequence,
+        }
+
+
+def _text_config(config):
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def _layer_costs(config, layer_params: list[int]) -> list[_LayerCost]:
+    cfg = _text_config(config)
+    n = len(layer_params)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    types = getattr(cfg, "layer_types", None)
+    if types is None:
+        sliding = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        types = ["sliding_attention" if sliding else "full_attention"] * n
+    window = getattr(cfg, "sliding_window", None) or 0
+    out = []
+    for j in range(n):
+        kind = types[j]
+        if kind == "linear_attention":
+            v_heads, k_dim, v_dim = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+            conv_dim = 2 * cfg.linear_num_key_heads * k_dim + v_heads * v_dim
+            out.append(
+                _LayerCost(
+                    params=layer_params[j],
+                    attn_full=0.0,
+                    attn_sliding=0.0,
+                    window=0,
+                    attn_const=6.0 * v_heads * k_dim * v_dim,
+                    kv_elems_per_token=0,
+                    state_elems=v_heads * k_dim * v_dim + conv_dim * cfg.linear_conv_kernel_dim,
+                )
+            )
+        elif kind in ("full_attention", "sliding_attention", "chunked_attention"):
+            per_t = 4.0 * heads * head_dim
+            slide = kind != "full_attention"
+            out.append(
+                _LayerCost(
+                    params=layer_params[j],
+                    attn_full=0.0 if slide else per_t,
+                    attn_sliding=per_t if slide else 0.0,
+                    window=window if slide else 0,
+                    attn_const=0.0,
+                    kv_elems_per_token=2 * kv_heads * head_dim,
+                    state_elems=0,
+                )
+            )
+        else:
+            raise ValueError(f"loop_cost: layer {j} has layer type {kind!r}, which loopeval cannot cost")
+    return out
+
+
+def loop_cost(model_or_config, spec: str | LoopSpec | None, *, bytes_per_element: int = 2) -> LoopCost:
+    """The cost of looping the unlooped ``model_or_config`` (a model, or its config, which
+    is instantiated on the meta device to count parameters) with ``spec`` (``None``: no loop)."""
+    spec = LoopSpec.parse(spec) if spec is not None else LoopSpec(())
+    if isinstance(model_or_config, torch.nn.Module):
+        model = model_or_config
+    else:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_or_config)
+    from loopeval.loop import decoder_layers
+
+    layers = decoder_layers(model)
+    layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    head = model.get_output_embeddings()
+    head_params = head.weight.numel() if head is not None else 0
+    schedule = tuple(spec.schedule(len(layers)))
+    return LoopCost(
+        spec=spec,
+        base_passes=len(layers),
+        passes=len(schedule),
+        layer_params=tuple(layer_params),
+        head_params=head_params,
+        schedule=schedule,
+        bytes_per_element=bytes_per_element,
+        _layers=tuple(_layer_costs(model.config, layer_params)),
+    )

@@ -1,0 +1,359 @@
+"""Looping a trained Hugging Face decoder: ``LoopSpec`` and ``apply_loop``.
+
+A loop re-applies windows of consecutive decoder layers with shared weights. The model
+is looped in place with forward hooks, so its module tree, ``parameters()``,
+``state_dict()`` and ``config`` stay those of the base model, and HF ``forward`` and
+``generate()`` work unchanged.
+
+Exact cached decoding: every *call site* (a layer at one of its passes) owns a cache
+slot. The first pass of layer ``j`` uses slot ``j``, as in the unlooped model; extra
+passes use slots ``N, N+1, ...`` in execution order, appended to the cache before they
+are first written. A re-applied layer is handed a view of the cache whose ``layers``
+list points its own index at its call site's slot, so attention KV caches and the Gated
+DeltaNet recurrent and convolution states of Qwen3.5 are kept per call site, whatever
+cache method the layer calls.
+
+Operators (``g`` is the window applied once, ``K`` its total number of passes,
+``x0`` the window's input):
+
+* ``repeat``: ``h <- g(h)``, ``K`` times.
+* ``damped`` (paper A.1): ``F(x) = x + (g(x) - x) / K`` and the output is
+  ``beta * g(x0) + (1 - beta) * F^K(x0)``.
+* ``mix`` (input mixing, "Closing the Loop"): before every pass ``t >= 2`` the input
+  of ``g`` is ``w * x0 + (1 - w) * h`` with ``w = sigmoid(mix)``, where ``h`` is the
+  current iterate. It combines with either operator.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+OPERATORS = ("repeat", "damped")
+
+_WINDOW = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*x\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Layers ``start..end-1`` (a Python slice) applied ``times`` times in total."""
+
+    start: int
+    end: int
+    times: int
+
+    @property
+    def width(self) -> int:
+        return self.end - self.start
+
+    @property
+    def extra_passes(self) -> int:
+        return self.width * (self.times - 1)
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.end}x{self.times}"
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One execution of a layer. ``kind`` says what is executed: the whole decoder
+    layer (``"layer"``); sub-layer kinds (attention-only, MLP-only) extend this field."""
+
+    layer: int
+    pass_index: int  # 1-based pass of the layer's window (1 outside windows)
+    slot: int  # cache slot this call site reads and writes
+    kind: str = "layer"
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """A set of non-overlapping windows, written ``"S:ExK"`` and joined by ``+``.
+
+    ``LoopSpec.parse("8:16x2")`` runs layers 8..15 twice in total (m = 8 extra layer
+    passes); ``"2:4x2+10:12x3"`` has two windows. A ``LoopSpec`` is accepted wherever
+    a spec string is.
+    """
+
+    windows: tuple[Window, ...]
+
+    @classmethod
+    def parse(cls, spec: str | LoopSpec) -> LoopSpec:
+        if isinstance(spec, LoopSpec):
+            return spec
+        if not isinstance(spec, str):
+            raise ValueError(f"loop spec {spec!r}: expected a string such as '8:16x2', got {type(spec).__name__}")
+        if not spec.strip():
+            raise ValueError("loop spec '': empty; expected windows such as '8:16x2' or '2:4x2+10:12x3'")
+        windows = []
+        for part in spec.split("+"):
+            match = _WINDOW.match(part)
+            if match is None:
+                raise ValueError(f"loop spec {spec!r}: cannot parse {part.strip()!r}; expected START:ENDxTIMES, e.g. 8:16x2")
+            start, end, times = (int(g) for g in match.groups())
+            if end <= start:
+                raise ValueError(f"loop spec {spec!r}: window {part.strip()!r} has end {end} <= start {start}")
+            if times < 1:
+                raise ValueError(f"loop spec {spec!r}: window {part.strip()!r} has {times} passes; K must be >= 1")
+            windows.append(Window(start, end, times))
+        windows.sort(key=lambda w: w.start)
+        for a, b in zip(windows, windows[1:]):
+            if b.start < a.end:
+                raise ValueError(f"loop spec {spec!r}: windows {a} and {b} overlap")
+        return cls(tuple(windows))
+
+    def __str__(self) -> str:
+        return "+".join(str(w) for w in self.windows)
+
+    @property
+    def extra_passes(self) -> int:
+        """m: layer passes added per token."""
+        return sum(w.extra_passes for w in self.windows)
+
+    def validate(self, num_layers: int) -> LoopSpec:
+        """Raise ``ValueError`` if a window reaches past the model's last layer."""
+        for w in self.windows:
+            if w.end > num_layers:
+                raise ValueError(
+                    f"loop spec {str(self)!r}: window {w} reaches past the last layer "
+                    f"(the model has {num_layers} layers, 0..{num_layers - 1})"
+                )
+        return self
+
+    def call_sites(self, num_layers: int) -> list[CallSite]:
+        """Every call site in execution order, with its cache slot."""
+        self.validate(num_layers)
+        sites, next_slot, layer = [], num_layers, 0
+        for w in self.windows:
+            sites += [CallSite(j, 1, j) for j in range(layer, w.end)]
+            for t in range(2, w.times + 1):
+                for j in range(w.start, w.end):
+                    sites.append(CallSite(j, t, next_slot))
+                    next_slot += 1
+            layer = w.end
+        sites += [CallSite(j, 1, j) for j in range(layer, num_layers)]
+        return sites
+
+    def schedule(self, num_layers: int) -> list[int]:
+        """The layer index of every call site in execution order."""
+        return [s.layer for s in self.call_sites(num_layers)]
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What ``save_model`` stores and ``load_model`` re-applies."""
+
+    spec: LoopSpec
+    operator: str = "repeat"
+    beta: float = 0.0
+    mix: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"loop": str(self.spec), "operator": self.operator, "beta": self.beta, "mix": self.mix}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LoopConfig:
+        return cls(LoopSpec.parse(d["loop"]), d.get("operator", "repeat"), float(d.get("beta", 0.0)), d.get("mix"))
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder's layer list (``model.model.layers`` or the text decoder's layers)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise ValueError(
+            f"unsupported architecture {type(model).__name__}: loopeval loops decoders whose layers "
+            "are an nn.ModuleList at model.model.layers (Llama, Qwen2/3, Mistral, Qwen3.5, Qwen3-Next)"
+        )
+    return layers
+
+
+def _check_options(operator: str, beta: float, mix: float | None) -> None:
+    if operator not in OPERATORS:
+        raise ValueError(f"loop operator {operator!r}: unknown; choose one of {', '.join(OPERATORS)}")
+    if not 0.0 <= beta <= 1.0 or not math.isfinite(beta):
+        raise ValueError(f"loop beta {beta!r}: must lie in [0, 1]")
+    if operator == "repeat" and beta != 0.0:
+        raise ValueError(f"loop beta {beta!r}: only the 'damped' operator uses beta")
+    if mix is not None and not math.isfinite(mix):
+        raise ValueError(f"loop mix {mix!r}: must be a finite logit (w = sigmoid(mix))")
+
+
+def apply_loop(model: nn.Module, spec: str | LoopSpec, *, operator: str = "repeat", beta: float = 0.0, mix: float | None = None):
+    """Loop ``model`` in place and return it. No parameters are added or copied.
+
+    Raises ``ValueError`` for a malformed spec, bad options, an unsupported
+    architecture or an already looped model, before anything is changed.
+    """
+    spec = LoopSpec.parse(spec)
+    _check_options(operator, beta, mix)
+    layers = decoder_layers(model)
+    spec.validate(len(layers))
+    if getattr(model, "_loopeval", None) is not None:
+        raise ValueError(
+            f"model is already looped with {model._loopeval.config.spec}; call loopeval.remove_loop(model) first"
+        )
+    model._loopeval = _LoopRuntime(model, layers, LoopConfig(spec, operator, float(beta), mix))
+    return model
+
+
+def remove_loop(model: nn.Module) -> nn.Module:
+    """Undo ``apply_loop``; the model is the unlooped base model again."""
+    runtime = getattr(model, "_loopeval", None)
+    if runtime is not None:
+        runtime.remove()
+        model._loopeval = None
+    return model
+
+
+def loop_config(model: nn.Module) -> LoopConfig | None:
+    """The loop applied to ``model``, or ``None``."""
+    runtime = getattr(model, "_loopeval", None)
+    return runtime.config if runtime is not None else None
+
+
+def _cache_of(kwargs: dict):
+    return kwargs.get("cache", kwargs.get("past_key_values"))
+
+
+def _with_cache(kwargs: dict, cache) -> dict:
+    key = "past_key_values" if "past_key_values" in kwargs and "cache" not in kwargs else "cache"
+    return {**kwargs, key: cache}
+
+
+class _LoopRuntime:
+    """The hooks that execute a loop, and the per-forward state they share."""
+
+    def __init__(self, model: nn.Module, layers: nn.ModuleList, config: LoopConfig):
+        self.config = config
+        self.layers = layers
+        self.num_layers = len(layers)
+        self.sites = config.spec.call_sites(self.num_layers)
+        self.num_slots = len(self.sites)
+        # slot_maps[w][t] maps each layer of window w to its slot at pass t (t >= 2).
+        self.slot_maps = []
+        for w in config.spec.windows:
+            by_pass = {}
+            for s in self.sites:
+                if w.start <= s.layer < w.end and s.pass_index > 1:
+                    by_pass.setdefault(s.pass_index, {})[s.layer] = s.slot
+            self.slot_maps.append(by_pass)
+        self.mix_weight = None if config.mix is None else 1.0 / (1.0 + math.exp(-config.mix))
+        self.replaying = False
+        self.recorded = [dict() for _ in config.spec.windows]  # layer -> kwargs of the current forward
+        self.x0 = [None for _ in config.spec.windows]
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.handles = [decoder.register_forward_pre_hook(self._prepare_cache, with_kwargs=True)]
+        for wi, w in enumerate(config.spec.windows):
+            if w.times == 1:
+                continue
+            for j in range(w.start, w.end):
+                self.handles.append(layers[j].register_forward_pre_hook(self._recorder(wi, j), with_kwargs=True))
+            self.handles.append(layers[w.end - 1].register_forward_hook(self._looper(wi), with_kwargs=True))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    # -- cache slots -----------------------------------------------------------------
+
+    def _prepare_cache(self, module, args, kwargs):
+        cache = _cache_of(kwargs)
+        if cache is not None and len(cache.layers) < self.num_slots and cache.get_seq_length() > 0:
+            raise ValueError(
+                f"the cache already holds {cache.get_seq_length()} tokens from a forward without the loop "
+                f"({len(cache.layers)} slots, the loop needs {self.num_slots}); start from an empty cache"
+            )
+        if cache is not None:
+            self._ensure_slots(cache)
+
+    def _ensure_slots(self, cache) -> None:
+        """Append one fresh cache layer per extra call site. Called while the layers it
+        copies are still empty: before the first forward, or, for a cache the model
+        creates itself, before the window's first layer runs."""
+        if len(cache.layers) >= self.num_slots:
+            return
+        if getattr(cache, "layer_class_to_replicate", None) is not None:
+            while len(cache.layers) < self.num_slots:
+                cache.layers.append(cache.layer_class_to_replicate())
+            return
+        if len(cache.layers) != self.num_layers:
+            raise ValueError(
+                f"cache has {len(cache.layers)} layers; a looped model with {self.num_layers} layers "
+                f"needs {self.num_layers} (fresh) or {self.num_slots}"
+            )
+        extra = [s for s in self.sites if s.slot >= self.num_layers]
+        cache.layers.extend(copy.deepcopy(cache.layers[s.layer]) for s in sorted(extra, key=lambda s: s.slot))
+
+    def _view(self, cache, slot_map: dict[int, int]):
+        view = copy.copy(cache)
+        view.layers = list(cache.layers)
+        for layer, slot in slot_map.items():
+            view.layers[layer] = cache.layers[slot]
+        return view
+
+    # -- hooks -----------------------------------------------------------------------
+
+    def _recorder(self, wi: int, j: int):
+        start = self.config.spec.windows[wi].start
+
+        def hook(module, args, kwargs):
+            if self.replaying:
+                return None
+            cache = _cache_of(kwargs)
+            if cache is not None and j == start:
+                self._ensure_slots(cache)
+            self.recorded[wi][j] = kwargs
+            if j == start:
+                self.x0[wi] = args[0] if args else kwargs["hidden_states"]
+            return None
+
+        return hook
+
+    def _looper(self, wi: int):
+        window = self.config.spec.windows[wi]
+        K = window.times
+
+        def g(h: torch.Tensor, t: int) -> torch.Tensor:
+            for j in range(window.start, window.end):
+                kwargs = dict(self.recorded[wi][j])
+                kwargs.pop("hidden_states", None)
+                cache = _cache_of(kwargs)
+                if cache is not None:
+                    kwargs = _with_cache(kwargs, self._view(cache, self.slot_maps[wi][t]))
+                out = self.layers[j](h, **kwargs)
+                h = out[0] if isinstance(out, tuple) else out
+            return h
+
+        def mixed(h: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+            if self.mix_weight is None:
+                return h
+            return self.mix_weight * x0 + (1.0 - self.mix_weight) * h
+
+        def hook(module, args, kwargs, output):
+            if self.replaying:
+                return None
+            y1 = output[0] if isinstance(output, tuple) else output
+            x0 = self.x0[wi]
+            self.replaying = True
+            try:
+                if self.config.operator == "repeat":
+                    h = y1
+                    for t in range(2, K + 1):
+                        h = g(mixed(h, x0), t)
+                else:  # damped
+                    f = x0 + (y1 - x0) / K
+                    for t in range(2, K + 1):
+                        f = f + (g(mixed(f, x0), t) - f) / K
+                    h = self.config.beta * y1 + (1.0 - self.config.beta) * f
+            finally:
+                self.replaying = False
+                self.recorded[wi] = {}
+                self.x0[wi] = None
+            return (h, *output[1:]) if isinstance(output, tuple) else h
+
+        return hook
