@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+THINK_TOKENS = ["<think>", "</think>"]  # added tokens that decode as text, as in Qwen3
 
 # ChatML, as Qwen uses it. `enable_thinking=True` leaves the assistant turn open at
 # "<think>\n"; otherwise an empty thinking block is written, as Qwen3 does.
@@ -27,6 +28,9 @@ _DEFAULT_TEXTS = [
     "Please reason step by step, and put your final answer within \\boxed{}.",
     "Tom has 3 apples and buys 4 more. How many apples does he have? 3 + 4 = 7. \\boxed{7}",
     "A train travels 60 miles in 1.5 hours; its speed is 40 miles per hour.",
+    # the budget-forcing strings (loopeval.decoding), so they cost few tokens
+    "Considering the limited time by the user, I have to give the solution based on the thinking directly now.",
+    "Considering the limited time, I have to give the final answer now.\nThe final answer is \\boxed{",
 ]
 
 
@@ -51,6 +55,7 @@ def tiny_tokenizer(texts: Iterable[str] | None = None, *, vocab_size: int = 512)
         pad_token="<|endoftext|>",
         additional_special_tokens=SPECIAL_TOKENS[1:],
     )
+    fast.add_tokens(THINK_TOKENS)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 

@@ -1,0 +1,1 @@
+"""lm-evaluation-harness models provided by loopeval: ``looped`` (``model_adapters.looped.LoopedLM``)."""

@@ -1,0 +1,51 @@
+"""Register lm-eval's ``looped`` model at start-up, with no flag and no wrapper command.
+
+lm-eval 0.4.13 does not read entry points, and its registry imports the built-in
+models only while it is empty, so registering early would hide them. Instead, the
+installed ``loopeval-lm-eval.pth`` imports this module at interpreter start-up; it
+waits for ``lm_eval.models`` to be imported and then adds ``looped`` as a lazy
+placeholder, as lm-eval does for its own models. Nothing heavy is imported here.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+TARGET = "lm_eval.models"
+PLACEHOLDER = "model_adapters.looped:LoopedLM"
+
+
+def register(module=None) -> None:
+    from lm_eval.api.registry import model_registry
+
+    if "looped" not in model_registry:
+        model_registry.register("looped", target=PLACEHOLDER)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            register(module)
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def install() -> None:
+    if TARGET in sys.modules:
+        register()
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+install()

@@ -1,0 +1,219 @@
+"""lm-eval model ``looped``: equal to ``--model hf`` (on the unrolled copy), rules, trace, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from loopeval import apply_loop, loop_cost, save_model
+from loopeval.tiny import tiny_model
+from loopeval.trace import find_traces, prompt_hash
+from loopeval.unroll import unrolled_copy
+
+QUESTIONS = [
+    "Tom has 3 apples and buys 4 more. How many?",
+    "A train travels 60 miles in 1.5 hours. Speed?",
+    "What is 12 + 30?",
+    "Sara reads 5 pages a day for 6 days. Pages?",
+    "2 + 2 =",
+    "A box holds 8 eggs; 3 boxes hold?",
+]
+
+GEN_YAML = """\
+task: tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: []
+  max_gen_toks: {max_gen_toks}
+  do_sample: false
+metric_list:
+  - metric: exact_match
+"""
+
+MC_YAML = """\
+task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}\\nAnswer:"
+doc_to_choice: [" A", " B", " C"]
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    from loopeval.tiny import tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("looped_lm")
+    tokenizer = tiny_tokenizer()
+    base = tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=4)
+    save_model(base, tokenizer, root / "base")
+    unrolled = unrolled_copy(base, "1:3x2")
+    unrolled.save_pretrained(root / "unrolled")
+    tokenizer.save_pretrained(root / "unrolled")
+    save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=4), "1:3x2"), tokenizer, root / "looped")
+    tasks = root / "tasks"
+    tasks.mkdir()
+    rows = [{"question": q, "answer": "7", "label": i % 3} for i, q in enumerate(QUESTIONS)]
+    (tasks / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "tiny_gen.yaml").write_text(GEN_YAML.format(data=tasks / "data.jsonl", max_gen_toks=40))
+    (tasks / "tiny_mc.yaml").write_text(MC_YAML.format(data=tasks / "data.jsonl"))
+    return root
+
+
+def _samples(out: Path, task: str) -> dict[int, dict]:
+    (file,) = out.rglob(f"samples_{task}_*.jsonl")
+    return {s["doc_id"]: s for s in map(json.loads, file.read_text().splitlines())}
+
+
+def _lm_eval(*args, cwd):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "lm_eval", "--device", "cpu", "--batch_size", "4", "--log_samples", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+
+
+def test_cli_looped_equals_hf_on_the_unrolled_copy(workdir, tmp_path):
+    common = ["--tasks", "tiny_gen,tiny_mc", "--include_path", str(workdir / "tasks")]
+    looped = _lm_eval(
+        "--model", "looped", "--model_args", f"pretrained={workdir / 'looped'},trace={tmp_path / 'a'}",
+        "--output_path", str(tmp_path / "a"), *common, cwd=tmp_path,
+    )
+    assert looped.returncode == 0, looped.stderr[-3000:]
+    hf = _lm_eval(
+        "--model", "hf", "--model_args", f"pretrained={workdir / 'unrolled'}",
+        "--output_path", str(tmp_path / "b"), *common, cwd=tmp_path,
+    )
+    assert hf.returncode == 0, hf.stderr[-3000:]
+    for task in ("tiny_gen", "tiny_mc"):
+        a, b = _samples(tmp_path / "a", task), _samples(tmp_path / "b", task)
+        assert sorted(a) == sorted(b) == list(range(len(QUESTIONS)))
+        for doc_id in a:
+            if task == "tiny_gen":
+                assert a[doc_id]["resps"] == b[doc_id]["resps"]
+            else:  # loglikelihoods: same up to float32 summation order
+                la = [r[0][0] for r in a[doc_id]["resps"]]
+                lb = [r[0][0] for r in b[doc_id]["resps"]]
+                assert la == pytest.approx(lb, abs=1e-4)
+    # the trace joins lm-eval's samples on doc_id and prompt_hash
+    (trace,) = find_traces(tmp_path / "a")
+    samples = _samples(tmp_path / "a", "tiny_gen")
+    assert {(i.doc_id, i.prompt_hash) for i in trace.items} == {(d, s["prompt_hash"]) for d, s in samples.items()}
+    assert trace.settings["loop"] == "1:3x2" and trace.settings["cache_check"]["ok"] is True
+
+
+@pytest.fixture(scope="module")
+def evaluate(workdir):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(workdir / "tasks"))
+
+    def run(lm, tasks=("tiny_gen",)):
+        return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=True, verbosity="ERROR")
+
+    return run
+
+
+def _resps(result, task="tiny_gen"):
+    return {s["doc_id"]: s["resps"] for s in result["samples"][task]}
+
+
+def test_without_a_loop_equals_hf(workdir, evaluate):
+    from lm_eval.models.huggingface import HFLM
+
+    from model_adapters.looped import LoopedLM
+
+    path = str(workdir / "base")
+    looped = evaluate(LoopedLM(pretrained=path, device="cpu", batch_size=3), ("tiny_gen", "tiny_mc"))
+    hf = evaluate(HFLM(pretrained=path, device="cpu", batch_size=3), ("tiny_gen", "tiny_mc"))
+    assert _resps(looped) == _resps(hf)
+    assert _resps(looped, "tiny_mc") == _resps(hf, "tiny_mc")
+
+
+def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
+    from model_adapters.looped import LoopedLM
+
+    lm = LoopedLM(
+        pretrained=str(workdir / "looped"), device="cpu", batch_size=4,
+        budget_scale=1.5, budget_forcing=True, bf_reserve=30, trace=str(tmp_path),
+    )
+    result = evaluate(lm)
+    (trace,) = find_traces(tmp_path)
+    assert len(trace.items) == len(QUESTIONS)
+    cost = loop_cost(lm.model, "1:3x2")
+    samples = {s["doc_id"]: s for s in result["samples"]["tiny_gen"]}
+    for item in trace.items:
+        assert item.task == "tiny_gen" and item.max_gen_toks == 60  # 40 x 1.5
+        assert item.prompt_hash == samples[item.doc_id]["prompt_hash"]
+        assert item.passes_per_token == 6
+        assert item.flops == pytest.approx(cost.generation_flops(item.prompt_tokens, item.generated_tokens))
+        if not item.finished:  # a random model rarely ends: forcing fired at 60 - 30
+            assert item.forced_at == 30 and item.generated_tokens == 60
+            assert "The final answer is \\boxed{" in samples[item.doc_id]["resps"][0][0]
+    assert any(not i.finished for i in trace.items)
+    s = trace.settings
+    assert (s["budget_forcing"], s["bf_reserve"], s["budget_scale"], s["loop"]) == (True, 30, 1.5, "1:3x2")
+    assert s["cost"]["multiplier"] == pytest.approx(1.5)
+
+
+def test_check_cache_failure_stops_the_run(workdir, evaluate):
+    from model_adapters.looped import LoopedLM
+
+    lm = LoopedLM(pretrained=str(workdir / "looped"), device="cpu", batch_size=4)
+    hooks = lm.model._loopeval.layers[2]._forward_hooks
+    (key, hook), = hooks.items()
+    hooks[key] = lambda m, a, k, out: hook(m, a, k, out) if out.shape[1] > 1 else None  # decode skips the loop
+    with pytest.raises(RuntimeError, match="MISMATCH.*differs from full recomputation"):
+        evaluate(lm)
+
+
+def test_bad_input(workdir, evaluate, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from model_adapters.looped import LoopedLM
+
+    path = str(workdir / "base")
+    with pytest.raises(ValueError, match=r"unknown model arg\(s\) loop_opertor; valid: .*loop_operator"):
+        LoopedLM(pretrained=path, loop="1:3x2", loop_opertor="damped")
+    with pytest.raises(ValueError, match="loop_beta given without loop="):
+        LoopedLM(pretrained=path, loop_beta=0.5)
+    with pytest.raises(ValueError, match="already has the loop 1:3x2"):
+        LoopedLM(pretrained=str(workdir / "looped"), loop="0:2x2")
+    lm = LoopedLM(pretrained=path, device="cpu", budget_forcing=True, bf_reserve=512)
+    with pytest.raises(ValueError, match="bf_reserve=512 must be smaller than the token budget of task 'tiny_gen'"):
+        evaluate(lm)
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights loaded before the spec was checked")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_weights)
+    with pytest.raises(ValueError, match="past the last layer"):
+        LoopedLM(pretrained=path, loop="2:9x2")
+    with pytest.raises(ValueError, match="cannot parse"):
+        LoopedLM(pretrained=path, loop="2to4")
+
+
+def test_registered_in_a_fresh_interpreter():
+    code = (
+        "from lm_eval.api.registry import get_model; "
+        "print(get_model('looped').__name__, get_model('hf').__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["LoopedLM", "HFLM"], out.stderr[-2000:]
