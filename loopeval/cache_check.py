@@ -19,7 +19,7 @@ DEFAULT_ATOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.bfloat16: 0.5, t
 DEFAULT_PROMPTS = (
     "Tom has 3 apples and buys 4 more. How many apples does he have?",
     "A train travels 60 miles in 1.5 hours. What is its speed?",
-    "Please reason step by step, and put your final answer within \\boxed{}.",
+    "Sara reads 5 pages a day for 6 days. How many pages does she read?",
 )
 
 
