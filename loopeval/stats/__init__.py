@@ -1,0 +1,44 @@
+"""Paired statistics for the two-test protocol (paper, Appendix A.5).
+
+Accuracies are fractions throughout; :mod:`loopeval.stats.display` formats points.
+
+* :func:`paired_bootstrap`, :func:`tost` and :class:`Resampler` (shared resamples for
+  the comparisons of one table): paired bootstrap over test items, macro over benchmarks;
+* :func:`mcnemar`: exact test for deterministic, training-free comparisons;
+* :func:`holm`: correction across token budgets;
+* :func:`seed_summary`: how many training seeds favour the candidate;
+* :func:`macro`, :func:`best_cheaper`, :func:`ceiling_gain` (Eq. 4).
+"""
+
+from loopeval.stats.bootstrap import (
+    ConfidenceInterval,
+    PairedBootstrapResult,
+    Resampler,
+    TOSTResult,
+    paired_bootstrap,
+    tost,
+)
+from loopeval.stats.ceiling import ceiling_gain
+from loopeval.stats.comparators import best_cheaper
+from loopeval.stats.holm import holm
+from loopeval.stats.mcnemar import McNemarResult, mcnemar
+from loopeval.stats.scores import item_scores, macro
+from loopeval.stats.seeds import SeedSummary, seed_summary
+
+__all__ = [
+    "ConfidenceInterval",
+    "McNemarResult",
+    "PairedBootstrapResult",
+    "Resampler",
+    "SeedSummary",
+    "TOSTResult",
+    "best_cheaper",
+    "ceiling_gain",
+    "holm",
+    "item_scores",
+    "macro",
+    "mcnemar",
+    "paired_bootstrap",
+    "seed_summary",
+    "tost",
+]
