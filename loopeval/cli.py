@@ -42,8 +42,149 @@ def _tasks_path(args) -> int:
     return 0
 
 
+def _add_compare(sub) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="paired statistics of two lm-eval runs: bootstrap, McNemar, TOST",
+        description=(
+            "Compare CANDIDATE with BASELINE item by item, per task and on the macro (unweighted mean over "
+            "leaf tasks): accuracies, difference in points, paired-bootstrap 95%% interval and two-sided p, "
+            "exact McNemar p on 0/1 tasks, and TOST equivalence (90%% interval inside +-2 points). A run is an "
+            "lm-eval --output_path folder, its model folder or a results_*.json file written with --log_samples. "
+            "Exit status 2, with the reason on stderr, when the runs cannot be paired."
+        ),
+    )
+    p.add_argument("baseline", help="baseline run (e.g. the twin)")
+    p.add_argument("candidate", help="candidate run (e.g. the looped model)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (fractions, not points)")
+    p.add_argument("--metric", help="metric instead of each task's main one, e.g. exact_match,flexible-extract")
+    p.add_argument("--tasks", nargs="+", metavar="T", help="leaf tasks or groups to compare (default: all)")
+    p.add_argument("--n-resamples", type=int, default=10_000, help="bootstrap resamples (default: 10000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    p.set_defaults(func=_compare)
+
+
+def _compare(args) -> int:
+    import json
+
+    from loopeval.protocol import compare
+    from loopeval.runs import load_run, pair_runs
+    from loopeval.stats.display import points, pvalue
+
+    runs = {role: load_run(path, metric=args.metric, tasks=args.tasks)
+            for role, path in (("baseline", args.baseline), ("candidate", args.candidate))}
+    paired = pair_runs(runs)
+    result = compare(paired, "baseline", "candidate",
+                     resampler=paired.resampler(n_resamples=args.n_resamples, seed=args.seed))
+    if args.json:
+        print(json.dumps({
+            "tasks": {t: c.as_dict() for t, c in result.tasks.items()},
+            "macro": result.macro.as_dict(),
+            "runs": {role: str(run.path) for role, run in runs.items()},
+            "n_resamples": result.n_resamples,
+            "seed": result.bootstrap_seed,
+        }, indent=2))
+        return 0
+    for role, run in runs.items():
+        print(f"{role:<9}  {run.path}  ({run.name})")
+    print(f"paired bootstrap over items, {result.n_resamples} resamples, seed {result.bootstrap_seed}; "
+          f"equivalent: 90% interval inside ±{points(result.margin)} points\n")
+    header = ("task", "metric", "n", "baseline", "candidate", "delta", "95% CI", "p", "McNemar p", "equivalent")
+    lines = [
+        (name, runs["baseline"].tasks[c.task].metric if c.task else "", str(c.n),
+         points(c.baseline_accuracy), points(c.candidate_accuracy), points(c.delta, signed=True),
+         f"[{points(c.ci.low, signed=True)}, {points(c.ci.high, signed=True)}]", pvalue(c.pvalue),
+         pvalue(c.mcnemar_pvalue), "yes" if c.equivalent else "no")
+        for name, c in [*result.tasks.items(), ("macro", result.macro)]
+    ]
+    widths = [max(len(row[i]) for row in (header, *lines)) for i in range(len(header))]
+    for row in (header, *lines):
+        print("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip())
+    if result.seeds:
+        print(f"\nseed runs favouring the candidate: {result.seeds}")
+    return 0
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="fine-tune an unlooped twin and a looped model identically",
+        description=(
+            "Fully fine-tune BASE twice on the same JSONL rows, batches, order, seeds and steps: without the "
+            "loop into OUT/twin and with it into OUT/looped (or one of them with --only, for separate jobs). "
+            "Each folder is a checkpoint with training_manifest.json. Options left out take TrainConfig's "
+            "defaults (docs/training.md). Data-parallel: accelerate launch -m loopeval train ..."
+        ),
+    )
+    p.add_argument("--base", required=True, help="unlooped checkpoint folder or hub id")
+    p.add_argument("--data", required=True, help='JSONL of {"prompt", "completion"} and/or {"text"} rows')
+    p.add_argument("--loop", help="loop spec of the looped model, e.g. 8:16x2 (required unless --only twin)")
+    p.add_argument("--out", required=True, help="output folder; the models go to OUT/twin and OUT/looped")
+    p.add_argument("--only", choices=["twin", "looped"], help="train only this one of the two")
+    p.add_argument("--operator", default="repeat", choices=["repeat", "damped"])
+    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--mix", type=float, default=None, help="fixed input-mixing logit (not learned)")
+    p.add_argument("--overwrite", action="store_true", help="write into non-empty output folders")
+    config = p.add_argument_group("training (TrainConfig)")
+    for flag, type_, help_ in [
+        ("--steps", int, "optimizer steps"),
+        ("--batch-size", int, "global batch, in rows"),
+        ("--micro-batch-size", int, "rows per forward on each process"),
+        ("--lr", float, "peak learning rate"),
+        ("--min-lr-ratio", float, "final learning rate / peak"),
+        ("--warmup", int, "linear warm-up steps"),
+        ("--weight-decay", float, "AdamW weight decay of matrices and embeddings"),
+        ("--grad-clip", float, "gradient-norm clip; 0: off"),
+        ("--max-length", int, "tokens per row; longer rows are cut"),
+        ("--seed", int, "training seed (dropout)"),
+        ("--data-seed", int, "batch-order seed"),
+        ("--dtype", str, "weight dtype: float32, bfloat16 or float16"),
+        ("--log-every", int, "steps per loss-curve point"),
+    ]:
+        config.add_argument(flag, type=type_, default=argparse.SUPPRESS, help=help_)
+    config.add_argument("--activation-checkpointing", action="store_true", default=argparse.SUPPRESS,
+                        help="recompute layer activations in the backward pass to save memory")
+    p.set_defaults(func=_train)
+
+
+def _train(args) -> int:
+    from dataclasses import fields
+    from pathlib import Path
+
+    from accelerate import PartialState
+
+    from loopeval.train import LOOPED, TWIN, TrainConfig, train_model, train_twins, twin_mismatches
+
+    if args.loop is None and args.only != TWIN:
+        raise ValueError("--loop is required unless --only twin")
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
+    loop = dict(operator=args.operator, beta=args.beta, mix=args.mix)
+    common = dict(config=config, overwrite=args.overwrite)
+    out = Path(args.out)
+    if args.only == TWIN:
+        results = [train_model(args.base, args.data, out=out / TWIN, **common)]
+    elif args.only == LOOPED:
+        results = [train_model(args.base, args.data, out=out / LOOPED, loop=args.loop, **loop, **common)]
+    else:
+        results = list(train_twins(args.base, args.data, loop=args.loop, out=out, **loop, **common))
+    if not PartialState().is_main_process:  # one report under data-parallel launchers
+        return 0
+    for r in results:
+        m = r.manifest
+        loss = " -> ".join(f"{x:.4f}" for _, x in (m["loss_curve"][0], m["loss_curve"][-1])[:len(m["loss_curve"])])
+        print(f"{m['role']:<6}  {r.path}  loss {loss}, {m['tokens']['input']} tokens, "
+              f"{m['flops']['train']:.3g} training FLOPs, {m['train_time_s']:.1f} s training")
+    data = results[0].manifest["data"]
+    if data["rows_truncated"]:
+        print(f"{data['rows_truncated']} of {data['rows']} rows were cut to --max-length {config.max_length}")
+    if len(results) == 2:
+        mismatches = twin_mismatches(results[0].manifest, results[1].manifest)
+        print("twins: identical apart from the loop" if not mismatches else "twins DIFFER: " + "; ".join(mismatches))
+    return 0
+
+
 # Subcommands are listed here in the order `loopeval --help` shows them.
-_SUBCOMMANDS = [_add_check_cache, _add_tasks_path]
+_SUBCOMMANDS = [_add_check_cache, _add_tasks_path, _add_compare, _add_train]
 
 
 def build_parser() -> argparse.ArgumentParser:
