@@ -184,7 +184,69 @@ def _train(args) -> int:
 
 
 # Subcommands are listed here in the order `loopeval --help` shows them.
-_SUBCOMMANDS = [_add_check_cache, _add_tasks_path, _add_compare, _add_train]
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write the two-test HTML report from lm-eval runs of a looped model and its twin",
+        description="Runs are lm-eval --output_path folders made with --model looped and trace=; each run's loop, "
+        "budget scale and decoding rules are read from its trace. Give one run per budget (and per training seed).",
+    )
+    p.add_argument("--looped", nargs="+", required=True, metavar="RUN", help="the looped model's evaluations")
+    p.add_argument("--twin", nargs="+", required=True, metavar="RUN", help="the unlooped twin's evaluations")
+    p.add_argument("--larger", metavar="RUN", help="a larger unlooped model, a further equal-FLOPs comparator")
+    p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
+    p.add_argument("--template", default="report.html.j2", help="a Jinja2 template (default: loopeval's own)")
+    p.add_argument("--json", metavar="FILE", help="also write the report data as JSON")
+    p.add_argument("--title")
+    p.add_argument("--default-scale", type=float, default=1.0, help="the budget scale of the Δparam test (default 1)")
+    p.add_argument("--n-resamples", type=int, default=10_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strict", action="store_true", help="fail instead of warning when a fairness check fails")
+    p.set_defaults(func=_report)
+
+
+def _report(args) -> int:
+    from pathlib import Path
+
+    from loopeval.report import build_report, write_report
+
+    data = build_report(
+        args.looped, args.twin, larger=args.larger, default_scale=args.default_scale, title=args.title,
+        strict=args.strict, n_resamples=args.n_resamples, seed=args.seed,
+    )
+    path = write_report(data, args.out, template=args.template)
+    if args.json:
+        Path(args.json).write_text(data.to_json())
+    for cond in data.conditions:
+        for sentence in cond["sentences"]:
+            print(f"[{cond['label']}] {sentence}")
+    for check in data.failed_checks:
+        print(f"FAILED CHECK {check.name}: {check.detail}", file=sys.stderr)
+    print(f"wrote {path}")
+    return 0
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the protocol end to end on tiny local models: data, twin training, 16 lm-eval runs, report",
+        description="Makes a synthetic arithmetic task, trains a tiny twin and looped model on CPU, evaluates both "
+        "through lm-eval's looped model at 0.5-2x budgets with and without budget forcing, and writes the report.",
+    )
+    p.add_argument("--out", default="loopeval-demo", help="output folder (default: ./loopeval-demo)")
+    p.add_argument("--size", default="default", choices=["default", "tiny"], help="tiny: a one-minute smoke test")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_demo)
+
+
+def _demo(args) -> int:
+    from loopeval.demo import run_demo
+
+    run_demo(args.out, size=args.size, seed=args.seed)
+    return 0
+
+
+_SUBCOMMANDS = [_add_demo, _add_check_cache, _add_train, _add_compare, _add_report, _add_tasks_path]
 
 
 def build_parser() -> argparse.ArgumentParser:
