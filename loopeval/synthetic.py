@@ -43,24 +43,24 @@ def _make(rng: random.Random) -> Problem:
         q = f"{name} has {a} {box} with {b} {item} in each. {name} gives away {c} {item}. How many {item} are left?"
         return _p(q, [f"{a} * {b} = {a * b}.", f"{a * b} - {c} = {a * b - c}."], a * b - c)
     if kind == 1:
-        c = rng.randint(1, 20)
+        c = rng.randint(1, 12)
         q = f"{name} buys {a} {box} of {b} {item} and {c} more {item}. How many {item} does {name} have?"
         return _p(q, [f"{a} * {b} = {a * b}.", f"{a * b} + {c} = {a * b + c}."], a * b + c)
     if kind == 2:
-        a, b = rng.randint(5, 40), rng.randint(1, 30)
+        a, b = rng.randint(5, 20), rng.randint(1, 12)
         c = rng.randint(1, a + b)
         q = f"{name} has {a} {item}, finds {b} more and then loses {c}. How many {item} does {name} have now?"
         return _p(q, [f"{a} + {b} = {a + b}.", f"{a + b} - {c} = {a + b - c}."], a + b - c)
     if kind == 3:
         c = rng.randint(1, a * b)
-        d = rng.randint(1, 20)
+        d = rng.randint(1, 12)
         q = (
             f"There are {a} {box} of {b} {item}. {name} takes {c} {item} out and puts {d} {item} back. "
             f"How many {item} are there?"
         )
         steps = [f"{a} * {b} = {a * b}.", f"{a * b} - {c} = {a * b - c}.", f"{a * b - c} + {d} = {a * b - c + d}."]
         return _p(q, steps, a * b - c + d)
-    c = rng.randint(b * a, b * a + 30)
+    c = rng.randint(b * a, b * a + 12)
     q = f"{name} had {c} {item} and gave {b} {item} to each of {a} friends. How many {item} are left?"
     return _p(q, [f"{b} * {a} = {a * b}.", f"{c} - {a * b} = {c - a * b}."], c - a * b)
 
