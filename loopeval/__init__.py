@@ -19,6 +19,15 @@ _EXPORTS = {
     "LoopCost": "loopeval.cost",
     "check_cache": "loopeval.cache_check",
     "CacheCheckResult": "loopeval.cache_check",
+    "load_run": "loopeval.runs",
+    "pair_runs": "loopeval.runs",
+    "delta_param": "loopeval.protocol",
+    "delta_flop": "loopeval.protocol",
+    "verdict": "loopeval.protocol",
+    "train_twins": "loopeval.train",
+    "TrainConfig": "loopeval.train",
+    "build_report": "loopeval.report",
+    "render": "loopeval.report",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

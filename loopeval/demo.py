@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,8 +184,10 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     data = build_report(runs["looped"], runs["twin"], title="loopeval demo: does the loop pay for its compute?")
     report = write_report(data, out / "report.html")
     (out / "demo.json").write_text(json.dumps({"size": size, "seed": seed, "loop": LOOP, "seconds": time.time() - start}))
+    chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
     for row in data.decoding:
         _say(f"  {row['setting']:14s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']:.2f}x")
+    _say(f"  (always answering the most common test answer scores {100 * chance:.1f}%)")
     for cond in data.conditions:
         for sentence in cond["sentences"]:
             _say(f"  [{cond['label']}] {sentence}")

@@ -165,7 +165,7 @@ def _sentences(param, flop, margin: float) -> list[str]:
     ci = f"[{points(m.ci.low, signed=True)}, {points(m.ci.high, signed=True)}]"
     p = pvalue(m.pvalue)
     p = f"p{p}" if p.startswith("<") else f"p = {p}"
-    seeds = f", {param.seeds} seeds favouring the loop" if param.seeds else ""
+    seeds = f", {param.seeds.favour} of {param.seeds.n} seeds favouring the loop" if param.seeds else ""
     if m.outcome == "better":
         first = f"Equal parameters: the loop beats its twin by {points(m.delta, signed=True)} points {ci}, {p}{seeds}."
     elif m.outcome == "worse":

@@ -63,11 +63,13 @@ def tiny_tokenizer(texts: Iterable[str] | None = None, *, vocab_size: int = 512)
     return fast
 
 
-ARCHITECTURES = ("qwen3", "llama", "qwen3_5", "qwen3_sliding")
+ARCHITECTURES = ("qwen3", "llama", "qwen3_5", "qwen3_sliding", "qwen2", "mistral", "qwen3_next")
 
 
 def tiny_config(arch: str = "qwen3", *, vocab_size: int = 512, num_layers: int = 6, hidden: int = 64, **overrides):
-    """A small config of a real architecture. ``qwen3_5`` is the hybrid Gated DeltaNet model."""
+    """A small config of a real architecture. ``qwen3_5`` and ``qwen3_next`` are the hybrid
+    Gated DeltaNet models (``qwen3_next`` with mixture-of-experts MLPs); ``mistral`` and
+    ``qwen3_sliding`` have sliding-window attention (window 8)."""
     common = dict(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -94,6 +96,30 @@ def tiny_config(arch: str = "qwen3", *, vocab_size: int = 512, num_layers: int =
         from transformers import LlamaConfig
 
         cfg = LlamaConfig(**common)
+    elif arch == "qwen2":
+        from transformers import Qwen2Config
+
+        cfg = Qwen2Config(**common)
+    elif arch == "mistral":
+        from transformers import MistralConfig
+
+        cfg = MistralConfig(head_dim=hidden // 4, sliding_window=8, **common)
+    elif arch == "qwen3_next":
+        from transformers import Qwen3NextConfig
+
+        cfg = Qwen3NextConfig(
+            head_dim=hidden // 4,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=hidden // 2,
+            shared_expert_intermediate_size=hidden // 2,
+            **common,
+        )
     elif arch == "qwen3_5":
         from transformers import Qwen3_5TextConfig
 

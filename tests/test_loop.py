@@ -11,7 +11,15 @@ from loopeval.loop import Window
 from loopeval.tiny import ARCHITECTURES, tiny_model
 from loopeval.unroll import unrolled_copy
 
-SPECS = {"qwen3": "1:4x2", "llama": "2:5x3", "qwen3_sliding": "1:3x2+4:6x2", "qwen3_5": "1:5x2"}
+SPECS = {
+    "qwen3": "1:4x2",
+    "llama": "2:5x3",
+    "qwen3_sliding": "1:3x2+4:6x2",
+    "qwen3_5": "1:5x2",
+    "qwen2": "0:2x2+3:4x3",
+    "mistral": "2:4x2",
+    "qwen3_next": "2:4x3",
+}
 
 
 # -- LoopSpec ------------------------------------------------------------------------

@@ -15,18 +15,25 @@ import numpy as np
 SINGLE = ""
 
 
-def item_scores(x, *, name: str = "scores") -> np.ndarray:
-    """``x`` as a 1-D float array of per-item scores, averaging every axis after the first.
-
-    Raises ``ValueError`` naming ``name`` for a scalar, an empty, ragged or non-numeric
-    input, or NaN/inf values.
-    """
+def numeric_array(x, *, name: str = "scores") -> np.ndarray:
+    """``x`` as a float array with an item axis; ``ValueError`` naming ``name`` for a
+    scalar or a ragged or non-numeric input."""
     try:
         arr = np.asarray(x, dtype=float)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name}: not a numeric array of per-item scores ({exc})") from None
     if arr.ndim == 0:
         raise ValueError(f"{name}: expected per-item scores, got a scalar")
+    return arr
+
+
+def item_scores(x, *, name: str = "scores") -> np.ndarray:
+    """``x`` as a 1-D float array of per-item scores, averaging every axis after the first.
+
+    Raises ``ValueError`` naming ``name`` for a scalar, an empty, ragged or non-numeric
+    input, or NaN/inf values.
+    """
+    arr = numeric_array(x, name=name)
     if arr.shape[0] == 0 or arr.size == 0:
         raise ValueError(f"{name} is empty")
     bad = ~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)

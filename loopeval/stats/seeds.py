@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loopeval.stats.scores import SINGLE, item_scores
+from loopeval.stats.scores import SINGLE, item_scores, numeric_array
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,7 @@ def _by_seed(x, name: str) -> dict[str, np.ndarray]:
     out = {}
     for bench, v in parts.items():
         label = f"{name}[{bench!r}]" if bench != SINGLE else name
-        try:
-            arr = np.asarray(v, dtype=float)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{label}: not a numeric array of per-item scores ({exc})") from None
-        if arr.ndim == 0:
-            raise ValueError(f"{label}: expected per-item scores, got a scalar")
+        arr = numeric_array(v, name=label)
         arr = arr.reshape(arr.shape[0], arr.shape[1] if arr.ndim > 1 else 1, -1)
         out[str(bench)] = np.column_stack(
             [item_scores(arr[:, s], name=f"{label} seed {s}") for s in range(arr.shape[1])]
