@@ -101,7 +101,7 @@ class ScriptedLM(LM):
         return [(0.0 if cont.strip() == self.pick(prompt) else -1.0, False) for prompt, cont in pairs]
 
     def loglikelihood_rolling(self, requests):
-        raise NotImplementedError
+        raise AssertionError("no loopeval task asks for rolling log-likelihoods")
 
 
 def by_question(script: dict[str, list[str]]):
