@@ -217,3 +217,31 @@ def test_registered_in_a_fresh_interpreter():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["LoopedLM", "HFLM"], out.stderr[-2000:]
+
+
+def test_thinking_responses_keep_their_block(workdir, evaluate, tmp_path):
+    """With a thinking template, responses start with <think>, and budget forcing closes
+    the block with the thinking string, so a scorer can tell finished from unfinished."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from loopeval.decoding import DEFAULT_THINK_STRING
+    from model_adapters.looped import LoopedLM
+
+    lm = LoopedLM(
+        pretrained=str(workdir / "looped"), device="cpu", batch_size=6, enable_thinking=True,
+        budget_forcing=True, bf_reserve=30, trace=str(tmp_path),
+    )
+    result = simple_evaluate(
+        model=lm, tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(workdir / "tasks")),
+        apply_chat_template=True, log_samples=True, verbosity="ERROR",
+    )
+    (trace,) = find_traces(tmp_path)
+    forced = {i.doc_id for i in trace.items if i.forced_at is not None}
+    assert forced  # a random model never closes its thinking by itself
+    for sample in result["samples"]["tiny_gen"]:
+        assert sample["arguments"][0][0].endswith("<|im_start|>assistant\n<think>\n")
+        text = sample["resps"][0][0]
+        assert text.startswith("<think>")
+        if sample["doc_id"] in forced:
+            assert DEFAULT_THINK_STRING.strip() in text and "</think>" in text
