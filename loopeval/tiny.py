@@ -83,6 +83,14 @@ def tiny_config(arch: str = "qwen3", *, vocab_size: int = 512, num_layers: int =
         bos_token_id=None,
         eos_token_id=2,
     )
+    gated_deltanet = dict(
+        head_dim=hidden // 4,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+    )
     if arch == "qwen3":
         from transformers import Qwen3Config
 
@@ -108,12 +116,7 @@ def tiny_config(arch: str = "qwen3", *, vocab_size: int = 512, num_layers: int =
         from transformers import Qwen3NextConfig
 
         cfg = Qwen3NextConfig(
-            head_dim=hidden // 4,
-            linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
+            **gated_deltanet,
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=hidden // 2,
@@ -123,15 +126,7 @@ def tiny_config(arch: str = "qwen3", *, vocab_size: int = 512, num_layers: int =
     elif arch == "qwen3_5":
         from transformers import Qwen3_5TextConfig
 
-        cfg = Qwen3_5TextConfig(
-            head_dim=hidden // 4,
-            linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            **common,
-        )
+        cfg = Qwen3_5TextConfig(**gated_deltanet, **common)
     else:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     for key, value in overrides.items():
