@@ -68,12 +68,14 @@ def _compare(args) -> int:
     import json
 
     from loopeval.protocol import compare
-    from loopeval.runs import load_run, pair_runs
+    from loopeval.runs import decoding_differences, load_run, pair_runs
     from loopeval.stats.display import points, pvalue
 
     runs = {role: load_run(path, metric=args.metric, tasks=args.tasks)
             for role, path in (("baseline", args.baseline), ("candidate", args.candidate))}
     paired = pair_runs(runs)
+    for diff in decoding_differences(runs["baseline"], runs["candidate"]):
+        print(f"warning: the runs decode differently: {diff}", file=sys.stderr)
     result = compare(paired, "baseline", "candidate",
                      resampler=paired.resampler(n_resamples=args.n_resamples, seed=args.seed))
     if args.json:

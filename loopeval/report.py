@@ -25,21 +25,9 @@ import numpy as np
 
 from loopeval.paths import reports_path
 from loopeval.protocol import delta_flop, delta_param, verdict
-from loopeval.runs import Run, load_run, pair_runs
+from loopeval.runs import Run, decoding_differences, load_run, pair_runs
 from loopeval.stats.display import points, pvalue
 
-# Settings both sides of a comparison must share (trace header keys).
-SHARED_SETTINGS = (
-    "budget_forcing",
-    "bf_reserve",
-    "bf_string",
-    "repetition_stop",
-    "budget_scale",
-    "dtype",
-    "batch_size",
-    "chat_template_sha",
-    "chat_template_args",
-)
 PALETTE = ("#1b6ca8", "#d1495b", "#00798c", "#edae49", "#66a182", "#8d5a97")
 
 
@@ -143,20 +131,6 @@ def _finished(run: Run) -> dict[str, float | None]:
         recs = [r for item in (ts.trace or ()) for r in item]
         out[task] = float(np.mean([r.finished for r in recs])) if recs else None
     return out
-
-
-def _settings_check(a: _Eval, b: _Eval) -> list[str]:
-    """What differs between two evaluations that must share their decoding."""
-    diffs = [
-        f"{key}: {a.settings.get(key)!r} vs {b.settings.get(key)!r}"
-        for key in SHARED_SETTINGS
-        if a.settings.get(key) != b.settings.get(key)
-    ]
-    for task in sorted(set(a.run.tasks) & set(b.run.tasks)):
-        ga, gb = a.run.tasks[task].generation_kwargs, b.run.tasks[task].generation_kwargs
-        if ga != gb:
-            diffs.append(f"{task} generation kwargs: {ga} vs {gb}")
-    return diffs
 
 
 def _sentences(param, flop, margin: float) -> list[str]:
@@ -274,7 +248,7 @@ def build_report(
         )
         for s in scales:
             for a, b in zip(sorted(L[s], key=lambda e: e.seed), sorted(U.get(s, []), key=lambda e: e.seed)):
-                diffs = _settings_check(a, b)
+                diffs = decoding_differences(a.run, b.run)
                 checks.append(
                     Check(
                         f"same decoding settings: {_label(True, forcing, s)} vs twin (seed {a.seed})",

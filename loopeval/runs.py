@@ -127,6 +127,33 @@ class Run:
         return list(self.tasks) if tasks is None else _expand(tasks, self.groups, self.tasks, self.path)
 
 
+# Trace settings both sides of a comparison must share.
+DECODING_SETTINGS = (
+    "budget_forcing",
+    "bf_reserve",
+    "bf_string",
+    "repetition_stop",
+    "budget_scale",
+    "dtype",
+    "batch_size",
+    "chat_template_sha",
+    "chat_template_args",
+)
+
+
+def decoding_differences(a: Run, b: Run) -> list[str]:
+    """What differs between two runs' decoding: the trace settings in
+    ``DECODING_SETTINGS`` and each shared task's generation kwargs (empty: none)."""
+    sa = a.trace_settings[-1] if a.trace_settings else {}
+    sb = b.trace_settings[-1] if b.trace_settings else {}
+    diffs = [f"{key}: {sa.get(key)!r} vs {sb.get(key)!r}" for key in DECODING_SETTINGS if sa.get(key) != sb.get(key)]
+    for task in sorted(set(a.tasks) & set(b.tasks)):
+        ga, gb = a.tasks[task].generation_kwargs, b.tasks[task].generation_kwargs
+        if ga != gb:
+            diffs.append(f"{task} generation kwargs: {ga} vs {gb}")
+    return diffs
+
+
 def _expand(names: Sequence[str], groups: Mapping[str, Sequence[str]], leaves, where) -> list[str]:
     out: list[str] = []
     for name in names:

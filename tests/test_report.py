@@ -150,3 +150,19 @@ def test_report_in_headless_chromium(demo, tmp_path):
     subprocess.run([chromium, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],
                    capture_output=True, timeout=120)
     assert shot.stat().st_size > 50_000
+
+
+def test_compare_warns_when_the_runs_decode_differently(demo):
+    from loopeval.runs import decoding_differences, load_run
+
+    out, _ = demo
+    runs = out / "runs"
+    assert decoding_differences(load_run(runs / "twin_plain_1x"), load_run(runs / "looped_plain_1x")) == []
+    diffs = decoding_differences(load_run(runs / "twin_plain_1x"), load_run(runs / "looped_bf_2x"))
+    assert diffs[0] == "budget_forcing: False vs True"
+    assert any(d.startswith("budget_scale: 1.0 vs 2.0") for d in diffs)
+    cli = subprocess.run(
+        [sys.executable, "-m", "loopeval", "compare", str(runs / "twin_plain_1x"), str(runs / "looped_bf_2x")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert cli.returncode == 0 and "warning: the runs decode differently: budget_forcing: False vs True" in cli.stderr
