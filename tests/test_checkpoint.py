@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from loopeval import apply_loop, load_model, loop_config, save_model
+from loopeval import load_model, loop_config, save_model
 from loopeval.tiny import tiny_model
 
 

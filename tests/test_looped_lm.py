@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from loopeval import apply_loop, loop_cost, save_model
 from loopeval.tiny import tiny_model
-from loopeval.trace import find_traces, prompt_hash
+from loopeval.trace import find_traces
 from loopeval.unroll import unrolled_copy
 
 QUESTIONS = [

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from loopeval.report import build_report, render, write_report
+from loopeval.report import build_report, render
 from loopeval.stats import paired_bootstrap, tost
 
 
