@@ -220,7 +220,9 @@ class LoopedLM(HFLM):
             clone = copy.copy(request)
             clone.arguments = (context, gen_kwargs)
             clones.append(clone)
-            self._pending[(context, gen_kwargs["max_gen_toks"])].append((request, until))
+            # Keyed by context: lm-eval hands _model_generate the batch's contexts, and a task may
+            # set max_length, so the budget is not a reliable key.
+            self._pending[context].append((request, until))
         try:
             texts = super().generate_until(clones, disable_tqdm=disable_tqdm)
         finally:
@@ -238,7 +240,7 @@ class LoopedLM(HFLM):
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         contexts = self._batch_contexts
         max_new = max_length - context.shape[1]
-        entries = [self._pending[(c, max_new)].popleft() for c in contexts]
+        entries = [self._pending[c].popleft() for c in contexts]
         if self.check_cache and self.cache_check_result is None:
             self._run_cache_check(contexts, max_new)
         eos = {self.eot_token_id, *self._generation_eos()}
