@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from loopeval.stats import Resampler
+from loopeval.jsonl import read_jsonl
 from loopeval.trace import TraceItem, find_traces
 
 _RESERVED = {"alias", "name", "sample_len", "sample_count"}
@@ -223,24 +224,18 @@ def _number(value, path: Path, lineno: int, metric: str) -> float:
 def _read_samples(path: Path, metric: str) -> dict[int, dict]:
     """``{doc_id: {"values": [...], "hashes": (doc_hash, target_hash, prompt_hash)}}`` for the metric's filter."""
     name, filt = metric.split(",", 1)
+
+    def parse(lineno: int, rec: dict):
+        if rec["filter"] != filt:
+            return None
+        return int(rec["doc_id"]), (rec["doc_hash"], rec["target_hash"], rec["prompt_hash"]), rec[name]
+
     items: dict[int, dict] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if rec["filter"] != filt:
-                    continue
-                doc_id, hashes = int(rec["doc_id"]), (rec["doc_hash"], rec["target_hash"], rec["prompt_hash"])
-                value = rec[name]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-                raise ValueError(f"{path}:{lineno}: corrupt lm-eval samples line ({reason})") from None
-            item = items.setdefault(doc_id, {"values": [], "hashes": hashes})
-            if item["hashes"][:2] != hashes[:2]:
-                raise ValueError(f"{path}:{lineno}: doc_id {doc_id} recorded twice with different doc_hash/target_hash")
-            item["values"].append(_number(value, path, lineno, name))
+    for lineno, (doc_id, hashes, value) in read_jsonl(path, parse, what="lm-eval samples"):
+        item = items.setdefault(doc_id, {"values": [], "hashes": hashes})
+        if item["hashes"][:2] != hashes[:2]:
+            raise ValueError(f"{path}:{lineno}: doc_id {doc_id} recorded twice with different doc_hash/target_hash")
+        item["values"].append(_number(value, path, lineno, name))
     return items
 
 

@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from loopeval.jsonl import read_jsonl
+
 FORMAT = 1
 PREFIX = "loopeval_trace_"
 
@@ -92,22 +94,21 @@ class TraceWriter:
 def read_trace(path: str | Path) -> Trace:
     """Read one trace file; a corrupt line raises ``ValueError`` naming the file and line."""
     path = Path(path)
+
+    def parse(lineno: int, rec: dict):
+        if lineno == 1:
+            if rec.get("kind") != "header" or rec.get("format") != FORMAT:
+                raise ValueError(f"not a loopeval trace header (format {FORMAT} expected)")
+            return Trace(path=path, created=float(rec["created"]), settings=dict(rec["settings"]))
+        rec.pop("kind")
+        return TraceItem(**rec)
+
     trace = None
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if lineno == 1:
-                    if rec.get("kind") != "header" or rec.get("format") != FORMAT:
-                        raise ValueError(f"not a loopeval trace header (format {FORMAT} expected)")
-                    trace = Trace(path=path, created=float(rec["created"]), settings=dict(rec["settings"]))
-                else:
-                    rec.pop("kind")
-                    trace.items.append(TraceItem(**rec))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{lineno}: corrupt loopeval trace line ({exc})") from None
+    for lineno, value in read_jsonl(path, parse, what="loopeval trace"):
+        if lineno == 1:
+            trace = value
+        else:
+            trace.items.append(value)
     if trace is None:
         raise ValueError(f"{path}: empty loopeval trace file")
     return trace

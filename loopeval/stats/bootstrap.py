@@ -51,8 +51,20 @@ class ConfidenceInterval(NamedTuple):
     high: float
 
 
+class _ScipyNames:
+    """scipy.stats names for the fields: ``.statistic`` is ``.delta``, ``.confidence_interval`` is ``.ci``."""
+
+    @property
+    def statistic(self) -> float:
+        return self.delta
+
+    @property
+    def confidence_interval(self) -> ConfidenceInterval:
+        return self.ci
+
+
 @dataclass(frozen=True)
-class PairedBootstrapResult:
+class PairedBootstrapResult(_ScipyNames):
     """Candidate − baseline difference of means with its bootstrap interval and p-value."""
 
     delta: float
@@ -65,17 +77,9 @@ class PairedBootstrapResult:
     n_resamples: int
     distribution: np.ndarray = field(repr=False, compare=False)
 
-    @property
-    def statistic(self) -> float:
-        return self.delta
-
-    @property
-    def confidence_interval(self) -> ConfidenceInterval:
-        return self.ci
-
 
 @dataclass(frozen=True)
-class TOSTResult:
+class TOSTResult(_ScipyNames):
     """Two one-sided tests of ``|candidate − baseline| < margin`` by the paired bootstrap."""
 
     equivalent: bool
@@ -84,14 +88,6 @@ class TOSTResult:
     delta: float
     margin: float
     alpha: float
-
-    @property
-    def statistic(self) -> float:
-        return self.delta
-
-    @property
-    def confidence_interval(self) -> ConfidenceInterval:
-        return self.ci
 
 
 def _name_key(name: str) -> int:
