@@ -113,22 +113,18 @@ def check_cache(model, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens: int =
 def run_check_cache_cli(args) -> int:
     """``loopeval check-cache``: print the result; exit 1 on a mismatch."""
     from loopeval.checkpoint import load_model
-    from loopeval.loop import LoopSpec, apply_loop
+    from loopeval.loop import apply_loop, loop_config, resolve_loop
 
-    if args.loop is not None:
-        LoopSpec.parse(args.loop)  # fail on a bad spec before loading weights
-    options = {k: v for k, v in (("operator", args.operator), ("beta", args.beta), ("mix", args.mix)) if v is not None}
+    options = dict(operator=args.operator, beta=args.beta, mix=args.mix)
     if args.model is None:
         from loopeval.tiny import tiny_model, tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
         model = tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=6)
-        apply_loop(model, args.loop or "2:4x2", **options)
-        print(f"model: tiny random Qwen3 (6 layers), loop {args.loop or '2:4x2'}")
+        apply_loop(model, resolve_loop(model, args.loop or "2:4x2", **options))
+        print(f"model: tiny random Qwen3 (6 layers), loop {loop_config(model).spec}")
     else:
         model, tokenizer = load_model(args.model, args.loop, dtype=getattr(torch, args.dtype), **options)
-        from loopeval.loop import loop_config
-
         config = loop_config(model)
         print(f"model: {args.model}, loop {config.spec if config else 'none'}")
     result = check_cache(model, tokenizer, args.prompt or DEFAULT_PROMPTS, args.max_new_tokens)

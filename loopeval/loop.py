@@ -27,9 +27,11 @@ Operators (``g`` is the window applied once, ``K`` its total number of passes,
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -143,21 +145,113 @@ class LoopSpec:
         return [s.layer for s in self.call_sites(num_layers)]
 
 
+LOOP_CONFIG_NAME = "loop_config.json"
+"""The file beside a checkpoint's weights that stores its loop (like PEFT's ``adapter_config.json``)."""
+
+
 @dataclass(frozen=True)
 class LoopConfig:
-    """What ``save_model`` stores and ``load_model`` re-applies."""
+    """A loop: its spec and operator options. It validates itself on construction, so a
+    ``LoopConfig`` that exists is well-formed; only the layer count is checked later
+    (:meth:`validate`, :func:`resolve_loop`). ``spec`` may be given as a string."""
 
     spec: LoopSpec
     operator: str = "repeat"
     beta: float = 0.0
     mix: float | None = None
 
+    def __post_init__(self):
+        object.__setattr__(self, "spec", LoopSpec.parse(self.spec))
+        if self.operator not in OPERATORS:
+            raise ValueError(f"loop operator {self.operator!r}: unknown; choose one of {', '.join(OPERATORS)}")
+        beta = _finite(self.beta, "loop beta", "a number in [0, 1]")
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"loop beta {self.beta!r}: must lie in [0, 1]")
+        if self.operator == "repeat" and beta != 0.0:
+            raise ValueError(f"loop beta {self.beta!r}: only the 'damped' operator uses beta")
+        object.__setattr__(self, "beta", beta)
+        if self.mix is not None:
+            object.__setattr__(self, "mix", _finite(self.mix, "loop mix", "a finite logit (w = sigmoid(mix))"))
+
+    def validate(self, num_layers: int) -> LoopConfig:
+        """Raise ``ValueError`` if the spec reaches past the model's last layer."""
+        self.spec.validate(num_layers)
+        return self
+
     def to_dict(self) -> dict:
         return {"loop": str(self.spec), "operator": self.operator, "beta": self.beta, "mix": self.mix}
 
     @classmethod
     def from_dict(cls, d: dict) -> LoopConfig:
-        return cls(LoopSpec.parse(d["loop"]), d.get("operator", "repeat"), float(d.get("beta", 0.0)), d.get("mix"))
+        if not isinstance(d, dict) or "loop" not in d:
+            raise ValueError(f"expected an object with a 'loop' spec, got {d!r}")
+        unknown = sorted(set(d) - {"loop", "operator", "beta", "mix"})
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(unknown)}; a loop has loop, operator, beta and mix")
+        return cls(d["loop"], d.get("operator", "repeat"), d.get("beta", 0.0), d.get("mix"))
+
+
+def _finite(value, what: str, expected: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what} {value!r}: must be {expected}")
+    return float(value)
+
+
+def read_loop_config(path: str | Path) -> LoopConfig | None:
+    """The loop stored with a local checkpoint folder, or ``None``."""
+    file = Path(path) / LOOP_CONFIG_NAME
+    if not file.is_file():
+        return None
+    try:
+        return LoopConfig.from_dict(json.loads(file.read_text()))
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise ValueError(f"{file}: not a valid loop configuration ({exc})") from None
+
+
+def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | None = None,
+                 beta: float | None = None, mix: float | None = None, arg_prefix: str = "",
+                 revision: str | None = None, trust_remote_code: bool = False) -> LoopConfig | None:
+    """The loop to apply to ``source``: a checkpoint path or hub id, a model, or a model config.
+
+    The one rule for every entry point (``load_model``, lm-eval's ``looped``, training,
+    ``check-cache``): a source that already has a loop (``loop_config.json``, or an
+    applied loop) keeps it, and giving ``loop`` as well is an error; otherwise ``loop``
+    with its options is the loop, checked against the source's layer count. Nothing
+    but the config is read, so a bad spec fails before any weights load. Option
+    names in errors carry ``arg_prefix`` (lm-eval's args are ``loop_operator`` ...).
+    """
+    options = {"operator": operator, "beta": beta, "mix": mix}
+    if loop is None:
+        given = [f"{arg_prefix}{k}" for k, v in options.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} given without loop=")
+    if isinstance(source, nn.Module):
+        stored = loop_config(source)
+    elif isinstance(source, (str, Path)) and Path(source).is_dir():
+        stored = read_loop_config(source)
+    else:
+        stored = None
+    if loop is None:
+        return stored
+    if stored is not None:
+        raise ValueError(
+            f"{source if not isinstance(source, nn.Module) else 'the model'} already has the loop {stored.spec} "
+            f"({LOOP_CONFIG_NAME}); drop loop={loop!s} or load the base checkpoint"
+        )
+    wanted = LoopConfig(loop, operator or "repeat", 0.0 if beta is None else beta, mix)
+    return wanted.validate(_num_layers(source, revision=revision, trust_remote_code=trust_remote_code))
+
+
+def _num_layers(source, **config_kwargs) -> int:
+    if isinstance(source, nn.Module):
+        return len(decoder_layers(source))
+    if isinstance(source, (str, Path)):
+        from transformers import AutoConfig
+
+        kwargs = {k: v for k, v in config_kwargs.items() if v is not None}
+        source = AutoConfig.from_pretrained(source, **kwargs)
+    text = source.get_text_config(decoder=True) if hasattr(source, "get_text_config") else source
+    return int(text.num_hidden_layers)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -172,32 +266,27 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
-def _check_options(operator: str, beta: float, mix: float | None) -> None:
-    if operator not in OPERATORS:
-        raise ValueError(f"loop operator {operator!r}: unknown; choose one of {', '.join(OPERATORS)}")
-    if not 0.0 <= beta <= 1.0 or not math.isfinite(beta):
-        raise ValueError(f"loop beta {beta!r}: must lie in [0, 1]")
-    if operator == "repeat" and beta != 0.0:
-        raise ValueError(f"loop beta {beta!r}: only the 'damped' operator uses beta")
-    if mix is not None and not math.isfinite(mix):
-        raise ValueError(f"loop mix {mix!r}: must be a finite logit (w = sigmoid(mix))")
-
-
-def apply_loop(model: nn.Module, spec: str | LoopSpec, *, operator: str = "repeat", beta: float = 0.0, mix: float | None = None):
+def apply_loop(model: nn.Module, loop: str | LoopSpec | LoopConfig, *, operator: str = "repeat", beta: float = 0.0,
+               mix: float | None = None):
     """Loop ``model`` in place and return it. No parameters are added or copied.
 
+    ``loop`` is a spec (with the operator options) or a whole :class:`LoopConfig`.
     Raises ``ValueError`` for a malformed spec, bad options, an unsupported
     architecture or an already looped model, before anything is changed.
     """
-    spec = LoopSpec.parse(spec)
-    _check_options(operator, beta, mix)
+    if isinstance(loop, LoopConfig):
+        if (operator, beta, mix) != ("repeat", 0.0, None):
+            raise ValueError("apply_loop: give the operator options inside the LoopConfig, not beside it")
+        config = loop
+    else:
+        config = LoopConfig(loop, operator, beta, mix)
     layers = decoder_layers(model)
-    spec.validate(len(layers))
+    config.validate(len(layers))
     if getattr(model, "_loopeval", None) is not None:
         raise ValueError(
             f"model is already looped with {model._loopeval.config.spec}; call loopeval.remove_loop(model) first"
         )
-    model._loopeval = _LoopRuntime(model, layers, LoopConfig(spec, operator, float(beta), mix))
+    model._loopeval = _LoopRuntime(model, layers, config)
     return model
 
 

@@ -38,13 +38,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loopeval.checkpoint import load_model, read_loop_config, save_model
+from loopeval.checkpoint import load_model, save_model
 from loopeval.cost import loop_cost
-from loopeval.loop import LoopConfig, LoopSpec, _check_options, apply_loop
+from loopeval.loop import LoopConfig, LoopSpec, apply_loop, resolve_loop
+from loopeval.manifest import MANIFEST_FORMAT, MANIFEST_NAME
 
 TWIN, LOOPED = "twin", "looped"  # sub-folders of train_twins' ``out``
-MANIFEST_NAME = "training_manifest.json"
-MANIFEST_FORMAT = "loopeval-training/1"
 TRAIN_FLOPS_PER_FORWARD = 3  # forward + backward (twice the forward's FLOPs)
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -269,22 +268,15 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise ValueError(f"output folder {out} exists and is not empty; choose another or pass overwrite=True (--overwrite)")
 
 
-def _check_base(base: str | Path, loop: LoopConfig | None) -> None:
-    """Fail on a looped base or a loop past the base's last layer, before weights load."""
-    from transformers import AutoConfig
-
-    stored = read_loop_config(base)
+def _resolve(base: str | Path, loop, operator: str, beta: float, mix: float | None) -> LoopConfig | None:
+    """The loop to train (``None``: the twin), checked against ``base`` before weights load.
+    Twins start from an unlooped checkpoint, so a looped base is refused."""
+    stored = resolve_loop(base)
     if stored is not None:
         raise ValueError(f"base checkpoint {base} is looped ({stored.spec}); twins start from an unlooped checkpoint")
-    if loop is not None:
-        text = AutoConfig.from_pretrained(base).get_text_config(decoder=True)
-        loop.spec.validate(text.num_hidden_layers)
-
-
-def _loop_config(loop, operator: str, beta: float, mix: float | None) -> LoopConfig:
-    spec = LoopSpec.parse(loop)
-    _check_options(operator, beta, mix)
-    return LoopConfig(spec, operator, float(beta), None if mix is None else float(mix))
+    if loop is None:
+        return None
+    return resolve_loop(base, loop, operator=operator, beta=beta, mix=mix)
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -334,7 +326,7 @@ def _train(base, data: TrainData, loop: LoopConfig | None, out: Path, config: Tr
     # attends to t tokens), every position through every call site and the LM head.
     prefix_flops = np.concatenate([[0.0], np.cumsum(cost.flops_per_token(np.arange(1, config.max_length + 1)))])
     if loop is not None:
-        apply_loop(model, loop.spec, operator=loop.operator, beta=loop.beta, mix=loop.mix)
+        apply_loop(model, loop)
     if config.activation_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     model.train()
@@ -428,10 +420,9 @@ def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: st
     are checked before any weights load.
     """
     config = config or TrainConfig()
-    looped = _loop_config(loop, operator, beta, mix) if loop is not None else None
     out = Path(out)
     _check_out(out, overwrite)
-    _check_base(base, looped)
+    looped = _resolve(base, loop, operator, beta, mix)
     from transformers import AutoTokenizer
 
     rows = load_data(data, AutoTokenizer.from_pretrained(base), max_length=config.max_length)
@@ -445,63 +436,12 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     each from a fresh load of ``base``, on the same tokenized rows and batches.
     Returns ``(twin, looped)``. Everything is checked before the twin starts."""
     config = config or TrainConfig()
-    looped = _loop_config(loop, operator, beta, mix)
     out = Path(out)
     for sub in (TWIN, LOOPED):
         _check_out(out / sub, overwrite)
-    _check_base(base, looped)
+    looped = _resolve(base, loop, operator, beta, mix)
     from transformers import AutoTokenizer
 
     rows = load_data(data, AutoTokenizer.from_pretrained(base), max_length=config.max_length)
     twin = _train(base, rows, None, out / TWIN, config, accelerator, progress)
     return twin, _train(base, rows, looped, out / LOOPED, config, accelerator, progress)
-
-
-# -- manifests -----------------------------------------------------------------------
-
-# Manifest fields that legitimately differ between twins: the loop and what it changes,
-# and where and when things ran. Paths are covered by the data and weight hashes.
-_TWIN_DIFFERENCES = ("role", "loop", "flops", "loss_curve", "final_weights_sha256", "train_time_s", "finished_at",
-                     "base", "data.path")
-
-
-def read_manifest(path: str | Path) -> dict:
-    """The training manifest of a checkpoint folder (or the manifest file itself)."""
-    path = Path(path)
-    file = path / MANIFEST_NAME if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"{file}: no training manifest ({MANIFEST_NAME}); was this checkpoint made by loopeval train?")
-    try:
-        manifest = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{file}: not valid JSON ({exc.msg})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"{file}: not a {MANIFEST_FORMAT} training manifest")
-    return manifest
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def twin_mismatches(a: dict, b: dict) -> list[str]:
-    """Every difference between two training manifests other than the loop and what it
-    legitimately changes (FLOPs, losses, final weights, timing, paths), as
-    ``"field: A != B"`` lines; ``[]`` for true twins."""
-    fa, fb = _flatten(a), _flatten(b)
-    missing = "<missing>"
-    lines = []
-    for key in sorted(fa.keys() | fb.keys()):
-        if any(key == p or key.startswith(p + ".") for p in _TWIN_DIFFERENCES):
-            continue
-        va, vb = fa.get(key, missing), fb.get(key, missing)
-        if va != vb:
-            lines.append(f"{key}: {va!r} != {vb!r}")
-    return lines
-

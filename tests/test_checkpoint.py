@@ -68,6 +68,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "loopeval", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_check_cache_cli(tmp_path, base_dir):
     ok = _cli("check-cache", "--model", str(base_dir), "--loop", "1:4x3", "--max-new-tokens", "8")
     assert ok.returncode == 0, ok.stderr
@@ -75,3 +76,14 @@ def test_check_cache_cli(tmp_path, base_dir):
     bad = _cli("check-cache", "--model", str(base_dir), "--loop", "4:2x2")
     assert bad.returncode == 2
     assert "'4:2x2'" in bad.stderr and "end 2 <= start 4" in bad.stderr
+
+
+def test_a_bad_loop_config_names_the_file(tmp_path, base_dir):
+    model, tok = load_model(base_dir, "1:3x2")
+    save_model(model, tok, tmp_path / "looped")
+    (tmp_path / "looped" / "loop_config.json").write_text('{"loop": "1:3x2", "mix": "x"}')
+    with pytest.raises(ValueError, match=r"loop_config.json: not a valid loop configuration \(loop mix 'x': must be a finite"):
+        load_model(tmp_path / "looped")
+    (tmp_path / "looped" / "loop_config.json").write_text('{"loop": "1:3x2", "beta": 0.5, "extra": 1}')
+    with pytest.raises(ValueError, match=r"unknown key\(s\) extra"):
+        load_model(tmp_path / "looped")

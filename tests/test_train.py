@@ -15,15 +15,8 @@ import torch
 from loopeval import load_model, loop_config, save_model
 from loopeval.cli import main
 from loopeval.tiny import tiny_model
-from loopeval.train import (
-    TrainConfig,
-    load_data,
-    read_manifest,
-    train_model,
-    train_twins,
-    twin_mismatches,
-    weights_sha256,
-)
+from loopeval.manifest import read_manifest, twin_mismatches
+from loopeval.train import TrainConfig, load_data, train_model, train_twins, weights_sha256
 
 LETTERS = string.ascii_lowercase[:10]
 # 16 rows, 8 per batch, 40 steps: exactly 20 epochs, so every row is seen 20 times
@@ -266,6 +259,7 @@ def test_bad_inputs_fail_before_weights_load(tmp_path, work, monkeypatch):
         read_manifest(work / "base")
 
 
+@pytest.mark.slow
 def test_cli_trains_both_twins(tmp_path, work):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "loopeval", "train", "--base", str(work / "base"), "--data", str(work / "data.jsonl"),
