@@ -24,7 +24,7 @@ import numpy as np
 
 from loopeval.stats import Resampler
 from loopeval.jsonl import read_jsonl
-from loopeval.trace import TraceItem, find_traces
+from loopeval.trace import TraceHeader, TraceItem, find_traces
 
 _RESERVED = {"alias", "name", "sample_len", "sample_count"}
 
@@ -89,8 +89,9 @@ class TaskScores:
 class Run:
     """One lm-eval run: its results file, leaf tasks, groups, configuration and traces.
 
-    ``trace_settings`` are the headers of the traces that supplied records; ``trace_error``
-    says why the folder's traces could not be read (costs then raise it, accuracies work).
+    ``trace_headers`` are the headers of the traces that supplied records, oldest first;
+    ``trace_error`` says why the folder's traces could not be read (costs then raise it,
+    accuracies work).
     """
 
     path: Path
@@ -98,12 +99,17 @@ class Run:
     tasks: Mapping[str, TaskScores]
     groups: Mapping[str, tuple[str, ...]]
     config: Mapping
-    trace_settings: tuple[Mapping, ...]
+    trace_headers: tuple[TraceHeader, ...]
     trace_error: str | None = None
 
     @property
     def model_args(self):
         return self.config.get("model_args")
+
+    @property
+    def header(self) -> TraceHeader | None:
+        """The newest trace header that supplied records, or ``None`` without a trace."""
+        return self.trace_headers[-1] if self.trace_headers else None
 
     def accuracy(self, tasks: Sequence[str] | None = None) -> float:
         """Macro accuracy: unweighted mean over the (leaf) tasks."""
@@ -128,26 +134,17 @@ class Run:
         return list(self.tasks) if tasks is None else _expand(tasks, self.groups, self.tasks, self.path)
 
 
-# Trace settings both sides of a comparison must share.
-DECODING_SETTINGS = (
-    "budget_forcing",
-    "bf_reserve",
-    "bf_string",
-    "repetition_stop",
-    "budget_scale",
-    "dtype",
-    "batch_size",
-    "chat_template_sha",
-    "chat_template_args",
-)
-
-
 def decoding_differences(a: Run, b: Run) -> list[str]:
-    """What differs between two runs' decoding: the trace settings in
-    ``DECODING_SETTINGS`` and each shared task's generation kwargs (empty: none)."""
-    sa = a.trace_settings[-1] if a.trace_settings else {}
-    sb = b.trace_settings[-1] if b.trace_settings else {}
-    diffs = [f"{key}: {sa.get(key)!r} vs {sb.get(key)!r}" for key in DECODING_SETTINGS if sa.get(key) != sb.get(key)]
+    """What differs between two runs' decoding: the shared settings of their traces
+    (:data:`loopeval.trace.SHARED`) and each shared task's generation kwargs (empty: none).
+    A run without a readable trace is one difference, with the reason."""
+    diffs = []
+    if a.header is None or b.header is None:
+        for run in (a, b):
+            if run.header is None:
+                diffs.append(f"{run.path.parent}: no loopeval trace" + (f" ({run.trace_error})" if run.trace_error else ""))
+    else:
+        diffs += a.header.decoding.differences(b.header.decoding)
     for task in sorted(set(a.tasks) & set(b.tasks)):
         ga, gb = a.tasks[task].generation_kwargs, b.tasks[task].generation_kwargs
         if ga != gb:
@@ -258,7 +255,7 @@ def _run_window(results: dict, results_file: Path) -> tuple[float, float] | None
 
 
 def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None) -> dict[tuple, tuple]:
-    """``{(task, doc_id, prompt_hash): (trace order, settings, records)}`` over the folders' traces.
+    """``{(task, doc_id, prompt_hash): (trace order, header, records)}`` over the folders' traces.
 
     Only traces created while the run was evaluating count (folders are often shared by
     several runs); the newest trace holding a key supplies all of that key's records.
@@ -272,7 +269,7 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None) ->
         grouped = defaultdict(list)
         for item in trace.items:
             grouped[(item.task, item.doc_id, item.prompt_hash)].append(item)
-        index.update({k: (order, trace.settings, tuple(v)) for k, v in grouped.items()})
+        index.update({k: (order, trace.header, tuple(v)) for k, v in grouped.items()})
     return index
 
 
@@ -350,7 +347,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
         wanted = metric.get(task) if isinstance(metric, Mapping) else metric
         per_task[task] = _load_task(task, results, results_file, wanted, traces)
     keys = [(s.task, d, h) for s in per_task.values() for d, h in zip(s.doc_ids.tolist(), s.prompt_hashes)]
-    used = dict(traces[k][:2] for k in keys if k in traces)  # trace order -> settings
+    used = dict(traces[k][:2] for k in keys if k in traces)  # trace order -> header
     members = {g: tuple(_expand([g], groups, leaves, results_file)) for g in groups}
     return Run(
         path=results_file,
@@ -358,7 +355,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
         tasks=per_task,
         groups={g: m for g, m in members.items() if set(m) <= set(per_task)},
         config=results.get("config", {}),
-        trace_settings=tuple(used[order] for order in sorted(used)),
+        trace_headers=tuple(used[order] for order in sorted(used)),
         trace_error=trace_error,
     )
 

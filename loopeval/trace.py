@@ -1,14 +1,16 @@
 """The per-item cost trace: written by the ``looped`` lm-eval model, read by ``runs``.
 
 Its format lives here only. A trace is a JSON-lines file named
-``loopeval_trace_<timestamp>[_rank<k>].jsonl``. The first line is a header::
+``loopeval_trace_<timestamp>[_rank<k>].jsonl``. The first line is the header::
 
-    {"kind": "header", "format": 1, "created": <unix seconds>, "settings": {...}}
+    {"kind": "header", "format": 2, "created": <unix seconds>, "model": str,
+     "loop": {"loop", "operator", "beta", "mix"} | null, "cost": {...LoopCost.summary()},
+     "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff"} | null,
+     "versions": {...}}
 
-``settings`` holds the run's decoding settings and loop (budget forcing, reserve,
-string, repetition stop, budget scale, loop spec, operator, cost multiplier,
-dtype, batch size, chat template ...), so reports can check both sides of a
-comparison used the same rules. Every following line is one generation request::
+``decoding`` holds exactly the settings both sides of a comparison must share
+(:class:`DecodingSettings`); the loop and its cost are what legitimately differ.
+Every following line is one generation request::
 
     {"kind": "item", "task": str, "doc_id": int, "idx": int, "prompt_hash": str,
      "prompt_tokens": int, "generated_tokens": int, "max_gen_toks": int,
@@ -19,6 +21,8 @@ comparison used the same rules. Every following line is one generation request::
 lm-eval's ``samples_*.jsonl`` on ``(task, doc_id, prompt_hash)``. ``forced_at`` and
 ``repetition_stop_at`` are generated-token positions where the rule inserted its
 string. Records are flushed per batch so a crash never loses finished work.
+
+Format 1 traces (one flat ``settings`` object in the header) still load.
 """
 
 from __future__ import annotations
@@ -26,13 +30,89 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from loopeval.jsonl import read_jsonl
 
-FORMAT = 1
+FORMAT = 2
 PREFIX = "loopeval_trace_"
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    """How one evaluation decodes. Every field is a setting that both sides of a
+    comparison must share (:data:`SHARED`): a difference is a fairness failure."""
+
+    budget_forcing: bool = False
+    bf_reserve: int | None = None  # None when budget forcing is off
+    bf_string: str | None = None  # None: the automatic strings (or forcing off)
+    repetition_stop: bool = False
+    budget_scale: float = 1.0
+    dtype: str | None = None
+    batch_size: str | None = None
+    chat_template_sha: str | None = None
+    chat_template_args: dict = field(default_factory=dict)
+
+    def differences(self, other: DecodingSettings) -> list[str]:
+        """``"name: mine vs theirs"`` for every shared setting that differs."""
+        return [f"{name}: {getattr(self, name)!r} vs {getattr(other, name)!r}"
+                for name in SHARED if getattr(self, name) != getattr(other, name)]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DecodingSettings:
+        return cls(**{name: d[name] for name in SHARED if name in d})
+
+
+SHARED: tuple[str, ...] = tuple(f.name for f in fields(DecodingSettings))
+"""The decoding settings that both sides of a comparison must share."""
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """What an evaluation was: the model, its loop and cost, and its decoding settings."""
+
+    model: str | None
+    loop: dict | None  # LoopConfig.to_dict() of the applied loop
+    cost: dict  # LoopCost.summary()
+    decoding: DecodingSettings
+    cache_check: dict | None = None
+    versions: dict = field(default_factory=dict)
+
+    @property
+    def looped(self) -> bool:
+        return self.loop is not None
+
+    @property
+    def multiplier(self) -> float:
+        """The layer-pass cost multiplier c = (N + m) / N of the evaluated model."""
+        return float(self.cost.get("multiplier", 1.0))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "decoding": asdict(self.decoding)}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> TraceHeader:
+        """A header line of either format."""
+        if rec.get("format") == 1:
+            return cls._from_format_1(dict(rec["settings"]))
+        if rec.get("format") != FORMAT:
+            raise ValueError(f"unknown loopeval trace format {rec.get('format')!r} (this loopeval reads 1 and {FORMAT})")
+        return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
+                   decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
+                   versions=dict(rec.get("versions") or {}))
+
+    @classmethod
+    def _from_format_1(cls, s: dict) -> TraceHeader:
+        loop = None
+        if s.get("loop") is not None:
+            loop = {"loop": s["loop"], "operator": s.get("loop_operator") or "repeat",
+                    "beta": s.get("loop_beta") or 0.0, "mix": s.get("loop_mix")}
+        cost = dict(s.get("cost") or {})
+        if "cost_multiplier" in s:
+            cost.setdefault("multiplier", s["cost_multiplier"])
+        return cls(model=s.get("model"), loop=loop, cost=cost, decoding=DecodingSettings.from_dict(s),
+                   cache_check=s.get("cache_check"), versions=dict(s.get("versions") or {}))
 
 
 def prompt_hash(context: str) -> str:
@@ -64,14 +144,14 @@ class TraceItem:
 class Trace:
     path: Path
     created: float
-    settings: dict
+    header: TraceHeader
     items: list[TraceItem] = field(default_factory=list)
 
 
 class TraceWriter:
     """Appends trace items to ``folder/loopeval_trace_<timestamp>[_rank<k>].jsonl``."""
 
-    def __init__(self, folder: str | Path, settings: dict, *, rank: int = 0, world_size: int = 1):
+    def __init__(self, folder: str | Path, header: TraceHeader, *, rank: int = 0, world_size: int = 1):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y-%m-%dT%H-%M-%S")
@@ -81,9 +161,9 @@ class TraceWriter:
         while self.path.exists():  # two runs within one second
             n += 1
             self.path = self.folder / f"{PREFIX}{stamp}.{n}{suffix}.jsonl"
-        header = {"kind": "header", "format": FORMAT, "created": time.time(), "settings": settings}
+        record = {"kind": "header", "format": FORMAT, "created": time.time(), **header.to_dict()}
         with self.path.open("w", encoding="utf-8") as f:
-            f.write(json.dumps(header, sort_keys=True) + "\n")
+            f.write(json.dumps(record, sort_keys=True) + "\n")
 
     def write(self, items: list[TraceItem]) -> None:
         with self.path.open("a", encoding="utf-8") as f:
@@ -97,9 +177,9 @@ def read_trace(path: str | Path) -> Trace:
 
     def parse(lineno: int, rec: dict):
         if lineno == 1:
-            if rec.get("kind") != "header" or rec.get("format") != FORMAT:
-                raise ValueError(f"not a loopeval trace header (format {FORMAT} expected)")
-            return Trace(path=path, created=float(rec["created"]), settings=dict(rec["settings"]))
+            if rec.get("kind") != "header":
+                raise ValueError("not a loopeval trace header")
+            return Trace(path=path, created=float(rec["created"]), header=TraceHeader.from_record(rec))
         rec.pop("kind")
         return TraceItem(**rec)
 

@@ -4,17 +4,17 @@ lm-eval 0.4.13 does not read entry points, and its registry imports the built-in
 models only while it is empty, so registering early would hide them. Instead, the
 installed ``loopeval-lm-eval.pth`` imports this module at interpreter start-up; it
 waits for ``lm_eval.models`` to be imported and then adds ``looped`` as a lazy
-placeholder, as lm-eval does for its own models. Nothing heavy is imported here.
+placeholder, as lm-eval does for its own models.
+
+Every Python start in the environment runs this, so it imports nothing but ``sys``:
+the finder is duck-typed rather than an ``importlib.abc.MetaPathFinder``, whose import
+alone costs milliseconds.
 """
 
-from __future__ import annotations
-
-import importlib.abc
-import importlib.machinery
 import sys
 
 TARGET = "lm_eval.models"
-PLACEHOLDER = "model_adapters.looped:LoopedLM"
+PLACEHOLDER = "loopeval.model_adapters.looped:LoopedLM"
 
 
 def register(module=None) -> None:
@@ -24,11 +24,15 @@ def register(module=None) -> None:
         model_registry.register("looped", target=PLACEHOLDER)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class _AfterImport:
+    """A meta path finder that runs :func:`register` right after ``lm_eval.models`` executes."""
+
     def find_spec(self, name, path, target=None):
         if name != TARGET:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
         exec_module = spec.loader.exec_module

@@ -35,7 +35,6 @@ import copy
 import inspect
 import platform
 from collections import defaultdict, deque
-from pathlib import Path
 
 import torch
 from lm_eval.api.registry import register_model
@@ -44,11 +43,10 @@ from transformers import LogitsProcessorList
 
 import loopeval
 from loopeval.cache_check import check_cache as run_cache_check
-from loopeval.checkpoint import read_loop_config
 from loopeval.cost import loop_cost
 from loopeval.decoding import THINK_CLOSE, THINK_OPEN, DecodingRules, cut_at_stop, scaled_budget
-from loopeval.loop import LoopConfig, LoopSpec, _check_options, apply_loop, loop_config
-from loopeval.trace import TraceItem, TraceWriter, prompt_hash
+from loopeval.loop import apply_loop, loop_config, resolve_loop
+from loopeval.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter, prompt_hash
 
 LOOPEVAL_ARGS = (
     "loop",
@@ -116,7 +114,12 @@ class LoopedLM(HFLM):
         if int(bf_reserve) < 1:
             raise ValueError(f"looped: bf_reserve must be >= 1, got {bf_reserve}")
         scaled_budget(1, float(budget_scale))  # rejects scale <= 0
-        self.loop = self._resolve_loop(pretrained, loop, loop_operator, loop_beta, loop_mix, kwargs)
+        # The loop is checked against the config before HFLM loads any weights.
+        self.loop = resolve_loop(
+            pretrained, None if loop is None else str(loop), operator=loop_operator,
+            beta=None if loop_beta is None else float(loop_beta), mix=None if loop_mix is None else float(loop_mix),
+            arg_prefix="loop_", revision=kwargs.get("revision"), trust_remote_code=kwargs.get("trust_remote_code", False),
+        )
         # Keep the thinking block in responses (the scorer needs it); HFLM would demand
         # think_end_token and strip it.
         if kwargs.get("enable_thinking") is not None and kwargs.get("think_end_token") is None:
@@ -125,7 +128,7 @@ class LoopedLM(HFLM):
             kwargs["chat_template_args"] = args
         super().__init__(pretrained, **kwargs)
         if self.loop is not None and loop_config(self.model) is None:
-            apply_loop(self.model, self.loop.spec, operator=self.loop.operator, beta=self.loop.beta, mix=self.loop.mix)
+            apply_loop(self.model, self.loop)
         self.cost = loop_cost(self.model, self.loop.spec if self.loop else None)
         self.check_cache = bool(check_cache) and self.loop is not None
         self.cache_check_result = None
@@ -139,64 +142,34 @@ class LoopedLM(HFLM):
         self._batch_contexts: list[str] = []
         self._pending = defaultdict(deque)
 
-    # -- loading ---------------------------------------------------------------------
-
-    @staticmethod
-    def _resolve_loop(pretrained, loop, operator, beta, mix, kwargs) -> LoopConfig | None:
-        """The loop to apply, checked before any weights load."""
-        options = {"operator": operator, "beta": beta, "mix": mix}
-        if loop is None and any(v is not None for v in options.values()):
-            given = ", ".join(f"loop_{k}" for k, v in options.items() if v is not None)
-            raise ValueError(f"looped: {given} given without loop=")
-        if isinstance(pretrained, torch.nn.Module):
-            stored = loop_config(pretrained)
-        elif Path(str(pretrained)).is_dir():
-            stored = read_loop_config(pretrained)
-        else:
-            stored = None
-        if loop is None:
-            return stored
-        if stored is not None:
-            raise ValueError(f"looped: {pretrained} already has the loop {stored.spec}; drop loop={loop}")
-        spec = LoopSpec.parse(str(loop))
-        operator = operator or "repeat"
-        beta = float(beta or 0.0)
-        mix = None if mix is None else float(mix)
-        _check_options(operator, beta, mix)
-        if isinstance(pretrained, str):
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(
-                pretrained, revision=kwargs.get("revision", "main"), trust_remote_code=kwargs.get("trust_remote_code", False)
-            )
-            spec.validate(config.get_text_config(decoder=True).num_hidden_layers)
-        return LoopConfig(spec, operator, beta, mix)
-
     # -- generation ------------------------------------------------------------------
 
-    def decoding_settings(self) -> dict:
-        """The settings both sides of a comparison must share, plus this side's loop and cost."""
-        return {
-            "model": str(self.pretrained) if isinstance(self.pretrained, str) else type(self.pretrained).__name__,
-            "loop": str(self.loop.spec) if self.loop else None,
-            "loop_operator": self.loop.operator if self.loop else None,
-            "loop_beta": self.loop.beta if self.loop else None,
-            "loop_mix": self.loop.mix if self.loop else None,
-            "cost": self.cost.summary(),
-            "budget_forcing": self.budget_forcing,
-            "bf_reserve": self.bf_reserve if self.budget_forcing else None,
-            "bf_string": self.bf_string if self.budget_forcing else None,
-            "repetition_stop": self.repetition_stop,
-            "budget_scale": self.budget_scale,
-            "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
-            "batch_size": str(self.batch_size),
-            "chat_template_sha": prompt_hash(self.tokenizer.chat_template or "") if self.tokenizer.chat_template else None,
-            "chat_template_args": dict(self.chat_template_args or {}),
-            "cache_check": None
-            if self.cache_check_result is None
-            else {"ok": self.cache_check_result.ok, "max_abs_diff": self.cache_check_result.max_abs_diff},
-            "versions": {"loopeval": loopeval.__version__, "python": platform.python_version(), "torch": torch.__version__},
-        }
+    def decoding_settings(self) -> DecodingSettings:
+        """The settings both sides of a comparison must share."""
+        template = self.tokenizer.chat_template
+        return DecodingSettings(
+            budget_forcing=self.budget_forcing,
+            bf_reserve=self.bf_reserve if self.budget_forcing else None,
+            bf_string=self.bf_string if self.budget_forcing else None,
+            repetition_stop=self.repetition_stop,
+            budget_scale=self.budget_scale,
+            dtype=str(next(self.model.parameters()).dtype).replace("torch.", ""),
+            batch_size=str(self.batch_size),
+            chat_template_sha=prompt_hash(template) if template else None,
+            chat_template_args=dict(self.chat_template_args or {}),
+        )
+
+    def trace_header(self) -> TraceHeader:
+        """This evaluation's trace header: the shared decoding settings plus this side's loop and cost."""
+        check = self.cache_check_result
+        return TraceHeader(
+            model=str(self.pretrained) if isinstance(self.pretrained, str) else type(self.pretrained).__name__,
+            loop=self.loop.to_dict() if self.loop else None,
+            cost=self.cost.summary(),
+            decoding=self.decoding_settings(),
+            cache_check=None if check is None else {"ok": check.ok, "max_abs_diff": check.max_abs_diff},
+            versions={"loopeval": loopeval.__version__, "python": platform.python_version(), "torch": torch.__version__},
+        )
 
     def _plan(self, request) -> tuple[str, dict, list[str]]:
         context, gen_kwargs = request.args
@@ -261,7 +234,7 @@ class LoopedLM(HFLM):
         if self.trace_dir is not None:
             if self._trace_writer is None:  # after the cache check, so the header records it
                 self._trace_writer = TraceWriter(
-                    self.trace_dir, self.decoding_settings(), rank=self.rank, world_size=self.world_size
+                    self.trace_dir, self.trace_header(), rank=self.rank, world_size=self.world_size
                 )
             mask = generation_kwargs.get("attention_mask")
             prompt_tokens = mask.sum(1).tolist() if mask is not None else [context.shape[1]] * len(contexts)

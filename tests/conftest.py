@@ -12,3 +12,16 @@ def tokenizer():
     from loopeval.tiny import tiny_tokenizer
 
     return tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def make_runs():
+    """``tests/fixtures/runs/make_runs.py`` as a module: ``make_runs.make_run(...)`` runs lm-eval
+    with a scripted model that writes a loopeval trace."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("make_runs", Path(__file__).parent / "fixtures" / "runs" / "make_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -88,6 +88,7 @@ def _lm_eval(*args, cwd):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
+@pytest.mark.slow
 def test_cli_looped_equals_hf_on_the_unrolled_copy(workdir, tmp_path):
     common = ["--tasks", "tiny_gen,tiny_mc", "--include_path", str(workdir / "tasks")]
     looped = _lm_eval(
@@ -114,7 +115,7 @@ def test_cli_looped_equals_hf_on_the_unrolled_copy(workdir, tmp_path):
     (trace,) = find_traces(tmp_path / "a")
     samples = _samples(tmp_path / "a", "tiny_gen")
     assert {(i.doc_id, i.prompt_hash) for i in trace.items} == {(d, s["prompt_hash"]) for d, s in samples.items()}
-    assert trace.settings["loop"] == "1:3x2" and trace.settings["cache_check"]["ok"] is True
+    assert trace.header.loop["loop"] == "1:3x2" and trace.header.cache_check["ok"] is True
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +138,7 @@ def _resps(result, task="tiny_gen"):
 def test_without_a_loop_equals_hf(workdir, evaluate):
     from lm_eval.models.huggingface import HFLM
 
-    from model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     path = str(workdir / "base")
     looped = evaluate(LoopedLM(pretrained=path, device="cpu", batch_size=3), ("tiny_gen", "tiny_mc"))
@@ -147,7 +148,7 @@ def test_without_a_loop_equals_hf(workdir, evaluate):
 
 
 def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
-    from model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     lm = LoopedLM(
         pretrained=str(workdir / "looped"), device="cpu", batch_size=4,
@@ -167,13 +168,13 @@ def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
             assert item.forced_at == 30 and item.generated_tokens == 60
             assert "The final answer is \\boxed{" in samples[item.doc_id]["resps"][0][0]
     assert any(not i.finished for i in trace.items)
-    s = trace.settings
-    assert (s["budget_forcing"], s["bf_reserve"], s["budget_scale"], s["loop"]) == (True, 30, 1.5, "1:3x2")
-    assert s["cost"]["multiplier"] == pytest.approx(1.5)
+    d = trace.header.decoding
+    assert (d.budget_forcing, d.bf_reserve, d.budget_scale, trace.header.loop["loop"]) == (True, 30, 1.5, "1:3x2")
+    assert trace.header.multiplier == pytest.approx(1.5)
 
 
 def test_check_cache_failure_stops_the_run(workdir, evaluate):
-    from model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     lm = LoopedLM(pretrained=str(workdir / "looped"), device="cpu", batch_size=4)
     hooks = lm.model._loopeval.layers[2]._forward_hooks
@@ -186,7 +187,7 @@ def test_check_cache_failure_stops_the_run(workdir, evaluate):
 def test_bad_input(workdir, evaluate, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     path = str(workdir / "base")
     with pytest.raises(ValueError, match=r"unknown model arg\(s\) loop_opertor; valid: .*loop_operator"):
@@ -209,6 +210,7 @@ def test_bad_input(workdir, evaluate, monkeypatch):
         LoopedLM(pretrained=path, loop="2to4")
 
 
+@pytest.mark.slow
 def test_registered_in_a_fresh_interpreter():
     code = (
         "from lm_eval.api.registry import get_model; "
@@ -225,7 +227,7 @@ def test_thinking_responses_keep_their_block(workdir, evaluate, tmp_path):
     from lm_eval.tasks import TaskManager
 
     from loopeval.decoding import DEFAULT_THINK_STRING
-    from model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     lm = LoopedLM(
         pretrained=str(workdir / "looped"), device="cpu", batch_size=6, enable_thinking=True,

@@ -24,14 +24,19 @@ def wheel(tmp_path_factory):
     return built
 
 
+@pytest.mark.slow
 def test_wheel_carries_the_task_folder(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     shipped = sorted(n.removeprefix("loopeval/tasks/") for n in names if n.startswith("loopeval/tasks/"))
     assert shipped == TASK_FILES
     assert {"utils.py", "_boxed_template_yaml", "_letter_template_yaml", "loop_core.yaml"} <= set(shipped)
     assert "loopeval/scoring.py" in names
+    # the lm-eval adapter installs inside loopeval; nothing claims a generic top-level name
+    assert {"loopeval/model_adapters/looped.py", "loopeval/model_adapters/_register.py", "loopeval-lm-eval.pth"} <= set(names)
+    assert {n.split("/")[0] for n in names if "/" in n} == {"loopeval", wheel.name.split("-py")[0] + ".dist-info"}
 
 
+@pytest.mark.slow
 def test_installed_wheel_serves_tasks_to_lm_eval(wheel, tmp_path):
     site = tmp_path / "site"
     subprocess.run(
@@ -62,3 +67,14 @@ print(loopeval.scoring.__file__, score["acc"], score["extracted"])
     scoring_file, acc, extracted = run("-c", probe).split()
     assert Path(scoring_file) == site / "loopeval" / "scoring.py"
     assert (acc, extracted) == ("1.0", "72")
+
+    # the start-up hook (processed as site-packages would) registers `looped` from the installed copy
+    probe = f"""
+import site
+site.addsitedir({str(site)!r})
+from lm_eval.api.registry import get_model
+import inspect
+print(inspect.getfile(get_model("looped")), get_model("hf").__name__)
+"""
+    adapter_file, hf = run("-c", probe).split()
+    assert Path(adapter_file) == site / "loopeval" / "model_adapters" / "looped.py" and hf == "HFLM"
