@@ -9,6 +9,7 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    # loop a model
     "LoopSpec": "loopeval.loop",
     "apply_loop": "loopeval.loop",
     "remove_loop": "loopeval.loop",
@@ -16,17 +17,20 @@ _EXPORTS = {
     "load_model": "loopeval.checkpoint",
     "save_model": "loopeval.checkpoint",
     "loop_cost": "loopeval.cost",
-    "LoopCost": "loopeval.cost",
     "check_cache": "loopeval.cache_check",
-    "CacheCheckResult": "loopeval.cache_check",
+    # train twins
+    "TrainConfig": "loopeval.train",
+    "train_twins": "loopeval.train",
+    # compare evaluations (baseline first)
     "load_run": "loopeval.runs",
     "pair_runs": "loopeval.runs",
+    "compare": "loopeval.protocol",
     "delta_param": "loopeval.protocol",
     "delta_flop": "loopeval.protocol",
     "verdict": "loopeval.protocol",
-    "train_twins": "loopeval.train",
-    "TrainConfig": "loopeval.train",
+    # report
     "build_report": "loopeval.report",
+    "write_report": "loopeval.report",
     "render": "loopeval.report",
 }
 

@@ -155,7 +155,8 @@ def _train(args) -> int:
 
     from accelerate import PartialState
 
-    from loopeval.train import LOOPED, TWIN, TrainConfig, train_model, train_twins, twin_mismatches
+    from loopeval.manifest import twin_mismatches
+    from loopeval.train import LOOPED, TWIN, TrainConfig, train_model, train_twins
 
     if args.loop is None and args.only != TWIN:
         raise ValueError("--loop is required unless --only twin")
@@ -193,8 +194,8 @@ def _add_report(sub) -> None:
         description="Runs are lm-eval --output_path folders made with --model looped and trace=; each run's loop, "
         "budget scale and decoding rules are read from its trace. Give one run per budget (and per training seed).",
     )
-    p.add_argument("--looped", nargs="+", required=True, metavar="RUN", help="the looped model's evaluations")
     p.add_argument("--twin", nargs="+", required=True, metavar="RUN", help="the unlooped twin's evaluations")
+    p.add_argument("--looped", nargs="+", required=True, metavar="RUN", help="the looped model's evaluations")
     p.add_argument("--larger", metavar="RUN", help="a larger unlooped model, a further equal-FLOPs comparator")
     p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     p.add_argument("--template", default="report.html.j2", help="a Jinja2 template (default: loopeval's own)")
@@ -213,15 +214,15 @@ def _report(args) -> int:
     from loopeval.report import build_report, write_report
 
     data = build_report(
-        args.looped, args.twin, larger=args.larger, default_scale=args.default_scale, title=args.title,
+        args.twin, args.looped, larger=args.larger, default_scale=args.default_scale, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.seed,
     )
     path = write_report(data, args.out, template=args.template)
     if args.json:
         Path(args.json).write_text(data.to_json())
     for cond in data.conditions:
-        for sentence in cond["sentences"]:
-            print(f"[{cond['label']}] {sentence}")
+        for sentence in cond.verdict.sentences:
+            print(f"[{cond.label}] {sentence}")
     for check in data.failed_checks:
         print(f"FAILED CHECK {check.name}: {check.detail}", file=sys.stderr)
     print(f"wrote {path}")

@@ -181,7 +181,7 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
         runs[model].append(evaluate(checkpoint, out / "runs" / name, task_folder, scale=scale, forcing=forcing, log=log))
 
     _say("5/5 statistics and the report")
-    data = build_report(runs["looped"], runs["twin"], title="loopeval demo: does the loop pay for its compute?")
+    data = build_report(runs["twin"], runs["looped"], title="loopeval demo: does the loop pay for its compute?")
     report = write_report(data, out / "report.html")
     (out / "demo.json").write_text(json.dumps({"size": size, "seed": seed, "loop": LOOP, "seconds": time.time() - start}))
     chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
@@ -189,7 +189,7 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
         _say(f"  {row['setting']:14s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']:.2f}x")
     _say(f"  (always answering the most common test answer scores {100 * chance:.1f}%)")
     for cond in data.conditions:
-        for sentence in cond["sentences"]:
-            _say(f"  [{cond['label']}] {sentence}")
+        for sentence in cond.verdict.sentences:
+            _say(f"  [{cond.label}] {sentence}")
     _say(f"done in {time.time() - start:.0f} s; open {report}")
     return report

@@ -8,7 +8,11 @@
   cheaper unlooped evaluation (most accurate with FLOPs <= the loop's, chosen on the
   test items, which favours the unlooped side), Holm-corrected over the budgets; the
   same-budget twin is compared as well.
-* :func:`verdict`: which test passes. ΔFLOP only counts once Δparam passes.
+* :func:`verdict`: which test passes, and the sentences that say so. ΔFLOP only counts
+  once Δparam passes.
+
+Every comparison takes the baseline first: ``compare(paired, baseline, candidate)``,
+``delta_param(twin, looped)``, ``delta_flop(unlooped, looped)``.
 
 An outcome is "better" or "worse" when the two-sided p-value (Holm-adjusted for ΔFLOP)
 is below ``alpha``, else "equivalent" when TOST passes, else "inconclusive". Results
@@ -129,7 +133,7 @@ def compare(paired: PairedRuns, baseline: str, candidate: str, *, resampler: Res
     )
 
 
-def delta_param(looped: RunLike, twin: RunLike, *, tasks: Sequence[str] | None = None, n_resamples: int = 10_000,
+def delta_param(twin: RunLike, looped: RunLike, *, tasks: Sequence[str] | None = None, n_resamples: int = 10_000,
                 seed: int = 0, confidence: float = 0.95, margin: float = 0.02, alpha: float = 0.05) -> RunComparison:
     """Δparam (Eq. 2): ``looped`` against its identically trained ``twin`` ("twin" → "looped").
 
@@ -167,13 +171,13 @@ class DeltaFlop:
     outcome: str
 
 
-def delta_flop(looped: Mapping[str, RunLike], unlooped: Mapping[str, RunLike], *,
+def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *,
                twins: Mapping[str, str] | None = None, tasks: Sequence[str] | None = None,
                flops_per_token: Mapping[str, float] | None = None, n_resamples: int = 10_000, seed: int = 0,
                confidence: float = 0.95, margin: float = 0.02, alpha: float = 0.05) -> tuple[DeltaFlop, ...]:
     """ΔFLOP (Eq. 3) for each looped evaluation, e.g. one per token budget.
 
-    ``looped`` and ``unlooped`` map names to runs (or one run per seed). A cost is the
+    ``unlooped`` and ``looped`` map names to runs (or one run per seed). A cost is the
     total FLOPs of the traced items (:meth:`Run.cost`; mean over seed runs), or
     ``flops_per_token[name]`` times the traced tokens. ``twins`` maps a looped name to
     its same-budget twin among ``unlooped``. All comparisons share one set of resamples.
@@ -226,44 +230,65 @@ def delta_flop(looped: Mapping[str, RunLike], unlooped: Mapping[str, RunLike], *
 
 @dataclass(frozen=True)
 class Verdict:
-    """Which of the two tests the loop passes; ``flop`` is ``None`` when ΔFLOP is not meaningful."""
+    """Which of the two tests the loop passes, and one sentence per test.
+
+    ``flop`` is ``None`` when ΔFLOP is not meaningful (the loop does not beat its twin)
+    or was not evaluated; ``passes_flop`` likewise.
+    """
 
     param: str
     flop: tuple[str, ...] | None
     passes_param: bool
     passes_flop: bool | None
-    text: str
+    sentences: tuple[str, str]
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.sentences)
 
 
 def _p(p: float) -> str:
     text = show_p(p)
-    return f"p{text}" if text.startswith("<") else f"p={text}"
+    return f"p{text}" if text.startswith("<") else f"p = {text}"
+
+
+def _interval(c: Comparison) -> str:
+    return f"[{points(c.ci.low, signed=True)}, {points(c.ci.high, signed=True)}]"
 
 
 def verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> Verdict:
-    """Δparam first: ΔFLOP only counts when the loop beats its twin, and passes when it
-    beats the best cheaper evaluation at every looped evaluation (budget)."""
+    """The paper's order of the tests (§4.3): "The second question matters only if the
+    answer to the first is yes." ΔFLOP counts only when the loop beats its twin
+    (Δparam "better"), and it passes when the loop beats the best cheaper unlooped
+    evaluation at every looped evaluation (budget)."""
     m = param.macro
-    lead = (f"Δparam: {m.candidate} − {m.baseline} = {points(m.delta, signed=True)} points "
-            f"[{points(m.ci.low, signed=True)}, {points(m.ci.high, signed=True)}], {_p(m.pvalue)}"
-            + (f", seeds {param.seeds}" if param.seeds else "") + f": {m.outcome}")
-    if m.outcome == "equivalent":
-        lead += f" within ±{points(param.margin)} points"
-    passes_param = m.outcome == "better"
-    if not passes_param:
+    seeds = f", {param.seeds.favour} of {param.seeds.n} seeds favouring the loop" if param.seeds else ""
+    where = f"{points(m.delta, signed=True)} points {_interval(m)}, {_p(m.pvalue)}"
+    if m.outcome == "better":
+        first = f"Equal parameters: the loop beats its twin by {where}{seeds}."
+    elif m.outcome == "worse":
+        first = (f"Equal parameters: the loop is worse than its twin by {points(-m.delta)} points "
+                 f"{_interval(m)}, {_p(m.pvalue)}{seeds}.")
+    else:
+        why = f"equivalent within ±{points(param.margin)} points" if m.outcome == "equivalent" else "not significant"
+        first = f"Equal parameters: no significant difference from the twin, {where} ({why})."
+    if m.outcome != "better":
         return Verdict(param=m.outcome, flop=None, passes_param=False, passes_flop=None,
-                       text=f"{lead}. The loop fails the first test, so ΔFLOP is not meaningful.")
+                       sentences=(first, "Equal FLOPs: not meaningful, since the loop does not beat its twin."))
     if not flop:
         return Verdict(param=m.outcome, flop=None, passes_param=True, passes_flop=None,
-                       text=f"{lead}. ΔFLOP was not evaluated.")
+                       sentences=(first, "Equal FLOPs: not evaluated."))
     outcomes = tuple(f.outcome for f in flop)
-    wins = outcomes.count("better")
+    wins, losses, untestable = outcomes.count("better"), outcomes.count("worse"), outcomes.count("untestable")
     passes_flop = wins == len(outcomes)
     details = "; ".join(
-        f"{f.loop}: {f.outcome}" + (f" vs {f.comparator} (Holm {_p(f.pvalue_holm)})" if f.comparator else "")
+        f"{f.loop}: {f.outcome}" + (f" vs {f.comparator}, Holm {_p(f.pvalue_holm)}" if f.comparator else "")
         for f in flop
     )
-    summary = "passes both tests" if passes_flop else "passes Δparam but not ΔFLOP"
-    return Verdict(param=m.outcome, flop=outcomes, passes_param=True, passes_flop=passes_flop,
-                   text=f"{lead}. ΔFLOP: better than the best cheaper evaluation at {wins} of {len(outcomes)} "
-                        f"looped evaluations ({details}). The loop {summary}.")
+    second = (
+        f"Equal FLOPs: the loop beats the best cheaper unlooped evaluation at {wins} of {len(outcomes)} budgets "
+        f"(Holm-corrected)" + (f" and loses at {losses}" if losses else "")
+        + (f"; {untestable} have no cheaper unlooped evaluation" if untestable else "")
+        + f" ({details}), so it " + ("pays for its compute." if passes_flop else "does not pay for its compute at every budget.")
+    )
+    return Verdict(param=m.outcome, flop=outcomes, passes_param=True, passes_flop=passes_flop, sentences=(first, second))

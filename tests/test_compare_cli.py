@@ -11,6 +11,7 @@ import pytest
 from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 
 from loopeval.cli import main
+from loopeval.stats import paired_bootstrap
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
 TWIN, LOOPED = str(RUNS / "twin"), str(RUNS / "looped")
@@ -43,8 +44,9 @@ def test_json_rows_match_an_independent_reading_of_the_samples(capsys):
         assert row["n"] == len(a)
         assert (row["baseline"], row["candidate"]) == pytest.approx((a.mean(), b.mean()))
         assert row["delta"] == pytest.approx(b.mean() - a.mean())
-        assert row["ci"][0] <= row["delta"] <= row["ci"][1]
-        assert 2 / 4001 <= row["pvalue"] <= 1
+        # the row is loopeval.stats on these very scores, keyed by the task (its own resample stream)
+        ref = paired_bootstrap({task: a}, {task: b}, n_resamples=4000)
+        assert (row["ci"], row["pvalue"]) == (pytest.approx(list(ref.ci)), pytest.approx(ref.pvalue))
         if task == "toy_aime":  # per-item means of four answers: no McNemar
             assert row["mcnemar_pvalue"] is None
         else:
@@ -52,6 +54,9 @@ def test_json_rows_match_an_independent_reading_of_the_samples(capsys):
                      [np.sum((a == 0) & (b == 1)), np.sum((a == 0) & (b == 0))]]
             assert row["mcnemar_pvalue"] == pytest.approx(sm_mcnemar(table, exact=True).pvalue)
     macro = out["macro"]
+    both = {t: item_scores(TWIN, t, *MAIN[t]) for t in MAIN}, {t: item_scores(LOOPED, t, *MAIN[t]) for t in MAIN}
+    ref = paired_bootstrap(*both, n_resamples=4000)
+    assert (macro["ci"], macro["pvalue"]) == (pytest.approx(list(ref.ci)), pytest.approx(ref.pvalue))
     assert macro["baseline"] == pytest.approx(np.mean([r["baseline"] for r in out["tasks"].values()]))
     assert macro["delta"] == pytest.approx(np.mean([r["delta"] for r in out["tasks"].values()]))
     assert macro["n"] == 102 and macro["mcnemar_pvalue"] is None
@@ -159,6 +164,7 @@ def test_other_refusals(capsys, tmp_path):
     assert "n_resamples must be a positive integer" in refused(capsys, TWIN, LOOPED, "--n-resamples", "0")
 
 
+@pytest.mark.slow
 def test_the_installed_command_exits_2_with_the_reason_on_stderr():
     proc = subprocess.run([sys.executable, "-m", "loopeval", "compare", TWIN, str(RUNS / "limited")],
                           capture_output=True, text=True, timeout=120)

@@ -57,16 +57,38 @@ def test_generation_flops_is_the_sum_of_its_steps():
     assert cost.generation_flops(prompt, generated) > base.generation_flops(prompt, generated)
 
 
-def test_cache_bytes():
-    cfg = tiny_config("qwen3_5", num_layers=8)  # layers 3 and 7 are full attention
-    cost = loop_cost(cfg, "2:4x2")  # re-applies one linear (2) and one full-attention (3) layer
-    kv = 2 * cfg.num_key_value_heads * cfg.head_dim * 2
-    assert cost.base_kv_bytes_per_token == 2 * kv
-    assert cost.kv_bytes_per_token == 3 * kv
-    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
-    conv = (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim) * cfg.linear_conv_kernel_dim
-    assert cost.base_state_bytes_per_sequence == 6 * (state + conv) * 2
-    assert cost.state_bytes_per_sequence == 7 * (state + conv) * 2
+def _cache_bytes(cache) -> int:
+    """Bytes of every tensor a filled cache holds (KV tensors, and state dicts of linear-attention layers)."""
+    total = 0
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            tensors = value.values() if isinstance(value, dict) else [value]
+            total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return total
+
+
+@pytest.mark.parametrize("spec", [None, "2:4x2"])
+def test_cache_bytes_match_a_filled_cache(spec):
+    """KV bytes per token and recurrent-state bytes per sequence, against what a real
+    (looped) forward leaves in the cache: per-token growth between two lengths, and the rest."""
+    from loopeval import apply_loop
+
+    model = tiny_model("qwen3_5", num_layers=8)  # layers 3 and 7 are full attention
+    if spec:
+        apply_loop(model, spec)  # re-applies one linear (2) and one full-attention (3) layer
+    measured = []
+    for length in (10, 30):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(torch.randint(3, 100, (1, length)), cache=cache, use_cache=True)
+        measured.append(_cache_bytes(cache))
+    per_token = (measured[1] - measured[0]) / 20
+    cost = loop_cost(tiny_model("qwen3_5", num_layers=8), spec, bytes_per_element=4)  # float32
+    assert cost.kv_bytes_per_token == per_token
+    assert cost.state_bytes_per_sequence == measured[0] - 10 * per_token
+    if spec is None:
+        assert (cost.base_kv_bytes_per_token, cost.base_state_bytes_per_sequence) == (
+            cost.kv_bytes_per_token, cost.state_bytes_per_sequence)
 
 
 def test_config_and_model_agree():

@@ -1,5 +1,5 @@
-"""`loopeval demo` end to end (reduced size), the report's numbers, its bad input, and the
-report rendered in headless Chromium."""
+"""The two-test report: its numbers against loopeval.stats on fixture runs made by lm-eval,
+its bad input, its fairness checks, templates, the demo end to end, and the page in a browser."""
 
 import json
 import os
@@ -10,9 +10,143 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from markupsafe import escape
 
+from loopeval.cli import main
 from loopeval.report import build_report, render
 from loopeval.stats import paired_bootstrap, tost
+
+TASKS = ["toy_arith", "toy_aime"]  # the generative toy tasks: both carry a cost trace
+SETTINGS = {
+    "twin_plain_1x": "pretrained=toy/twin,p=0.5,seed=0",
+    "twin_plain_0.5x": "pretrained=toy/twin,p=0.5,seed=0,budget_scale=0.5",
+    "looped_plain_1x": "pretrained=toy/looped,p=0.7,seed=1,cost=1.25",
+    "looped_plain_0.5x": "pretrained=toy/looped,p=0.7,seed=1,cost=1.25,budget_scale=0.5",
+    "twin_bf_1x": "pretrained=toy/twin,p=0.5,seed=0,budget_forcing=true",
+    "looped_bf_1x": "pretrained=toy/looped,p=0.7,seed=1,cost=1.25,budget_forcing=true",
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, make_runs) -> Path:
+    root = tmp_path_factory.mktemp("report_runs")
+    for name, args in SETTINGS.items():
+        make_runs.make_run(root / name, args, tasks=TASKS)
+    return root
+
+
+def _pick(root: Path, prefix: str) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.name.startswith(prefix))
+
+
+def _item_scores(run: Path, task: str) -> np.ndarray:
+    """Per-item scores read straight from lm-eval's samples file, ordered by doc_id."""
+    (file,) = run.rglob(f"samples_{task}_*.jsonl")
+    rows = [json.loads(line) for line in file.read_text().splitlines()]
+    by_doc = {}
+    for r in rows:
+        if r["filter"] == "strict-match" or task == "toy_aime":
+            by_doc.setdefault(r["doc_id"], []).append(r["exact_match"])
+    return np.array([np.mean(by_doc[d]) for d in sorted(by_doc)])
+
+
+def _trace_flops(run: Path) -> float:
+    (file,) = run.rglob("loopeval_trace_*.jsonl")
+    return sum(json.loads(line)["flops"] for line in file.read_text().splitlines()[1:])
+
+
+def test_report_numbers_equal_loopeval_stats(runs):
+    with pytest.warns(UserWarning, match="no training_manifest.json"):
+        data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), n_resamples=2000)
+    plain = next(c for c in data.conditions if not c.forcing)
+    twin = {t: _item_scores(runs / "twin_plain_1x", t) for t in TASKS}
+    looped = {t: _item_scores(runs / "looped_plain_1x", t) for t in TASKS}
+    expected = paired_bootstrap(twin, looped, n_resamples=2000)
+    m = plain.param.macro
+    assert m.delta == pytest.approx(np.mean([looped[t].mean() - twin[t].mean() for t in TASKS]))
+    assert (m.ci.low, m.ci.high, m.pvalue) == pytest.approx((expected.ci.low, expected.ci.high, expected.pvalue))
+    eq = tost({"toy_arith": twin["toy_arith"]}, {"toy_arith": looped["toy_arith"]}, n_resamples=2000)
+    assert plain.param.tasks["toy_arith"].equivalence_ci == pytest.approx(tuple(eq.ci))
+    row = next(r for r in data.decoding if r["setting"] == "looped")
+    assert row["macro"] == pytest.approx(np.mean([looped[t].mean() for t in TASKS]))
+    base = _trace_flops(runs / "twin_plain_1x")
+    costs = {f.result.loop: f.loop_cost for f in plain.flop_rows}
+    assert costs["looped @ 0.5×"] == pytest.approx(_trace_flops(runs / "looped_plain_0.5x") / base)
+    assert costs["looped @ 1×"] == pytest.approx(_trace_flops(runs / "looped_plain_1x") / base)
+    assert plain.verdict.sentences[0].startswith("Equal parameters: the loop beats its twin by")
+    html = render(data)
+    assert f"{100 * np.mean([twin[t].mean() for t in TASKS]):.1f} → " in html
+    for sentence in plain.verdict.sentences:  # the report prints protocol.verdict's own sentences
+        assert str(escape(sentence)) in html
+    assert json.loads(data.to_json())["conditions"][0]["param"]["macro"]["delta"] == pytest.approx(
+        data.conditions[0].param.macro.delta)
+
+
+def test_bad_input_names_the_run(runs, tmp_path):
+    looped = _pick(runs, "looped_")
+    twins = [p for p in _pick(runs, "twin_") if p.name != "twin_plain_1x"]
+    with pytest.raises(ValueError, match=r"missing twin run at the default budget \(1×, plain decoding\).*looped_plain"):
+        build_report(twins, looped)
+    with pytest.raises(ValueError, match="given as unlooped but its trace records a loop"):
+        build_report(looped, looped)
+    other = tmp_path / "other_task"
+    shutil.copytree(runs / "twin_plain_1x", other)
+    for file in other.rglob("*.json*"):
+        file.write_text(file.read_text().replace("toy_aime", "toy_other"))
+    for file in other.rglob("samples_toy_aime_*"):
+        file.rename(file.with_name(file.name.replace("toy_aime", "toy_other")))
+    with pytest.raises(ValueError, match="runs cover different tasks.*other_task: toy_arith, toy_other"):
+        build_report([*twins, other], looped)
+
+
+def _with_setting(src: Path, dst: Path, **changes) -> Path:
+    shutil.copytree(src, dst)
+    (trace,) = dst.rglob("loopeval_trace_*.jsonl")
+    lines = trace.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["decoding"].update(changes)
+    trace.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    return dst
+
+
+def test_different_decoding_settings_warn_or_fail_with_strict(runs, tmp_path, capsys):
+    twins = [p for p in _pick(runs, "twin_") if p.name != "twin_plain_1x"]
+    twins.append(_with_setting(runs / "twin_plain_1x", tmp_path / "twin_plain_1x", dtype="bfloat16"))
+    with pytest.warns(UserWarning, match="fairness check failed"):
+        data = build_report(twins, _pick(runs, "looped_"), n_resamples=500)
+    html = render(data)
+    assert 'id="failed-checks"' in html
+    assert html.index('id="failed-checks"') < html.index('id="table-param"')  # shown first, not hidden
+    assert "dtype: &#39;float32&#39; vs &#39;bfloat16&#39;" in html  # autoescaped
+    code = main(["report", "--strict", "--out", str(tmp_path / "r.html"), "--n-resamples", "200",
+                 "--twin", *map(str, twins), "--looped", *map(str, _pick(runs, "looped_"))])
+    assert code == 2 and "fairness check failed" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_custom_template(runs, tmp_path):
+    with pytest.warns(UserWarning):
+        data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), n_resamples=500, title="<script>x</script>")
+    template = tmp_path / "mine.md.j2"
+    template.write_text("{{ data.title }}\n{% for c in data.conditions %}{{ c.label }}: {{ c.param.macro.delta|signed }}\n{% endfor %}")
+    lines = render(data, template).splitlines()
+    assert lines[0] == "&lt;script&gt;x&lt;/script&gt;"  # autoescaped
+    delta = next(c for c in data.conditions if not c.forcing).param.macro.delta
+    assert lines[1] == f"plain decoding: {100 * delta:+.1f}"
+
+
+def test_compare_warns_when_the_runs_decode_differently(runs, capsys):
+    from loopeval.runs import decoding_differences, load_run
+
+    assert decoding_differences(load_run(runs / "twin_plain_1x"), load_run(runs / "looped_plain_1x")) == []
+    diffs = decoding_differences(load_run(runs / "twin_plain_0.5x"), load_run(runs / "looped_bf_1x"))
+    assert diffs[:2] == ["budget_forcing: False vs True", "bf_reserve: None vs 4"]
+    assert "budget_scale: 0.5 vs 1.0" in diffs
+    assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x")]) == 0
+    assert "warning: the runs decode differently: budget_forcing: False vs True" in capsys.readouterr().err
+
+
+# -- the demo, end to end (slow) --------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +161,7 @@ def demo(tmp_path_factory):
     return out, proc.stdout
 
 
-def _runs(out: Path, prefix: str) -> list[Path]:
-    return sorted(p for p in (out / "runs").iterdir() if p.name.startswith(prefix))
-
-
-def _item_acc(run: Path) -> np.ndarray:
-    """Per-item accuracy read straight from lm-eval's samples file, ordered by doc_id."""
-    (file,) = run.rglob("samples_*.jsonl")
-    rows = sorted((json.loads(line) for line in file.read_text().splitlines()), key=lambda r: r["doc_id"])
-    return np.array([r["acc"] for r in rows], dtype=float)
-
-
+@pytest.mark.slow
 def test_demo_writes_every_stage(demo):
     out, stdout = demo
     assert (out / "report.html").is_file()
@@ -49,90 +173,24 @@ def test_demo_writes_every_stage(demo):
     assert not any(q in p for q in test for p in train)  # decontaminated
     assert "5/5" in stdout and f"open {out / 'report.html'}" in stdout
     assert "fatal:" not in stdout
+    data = build_report(_pick(out / "runs", "twin_"), _pick(out / "runs", "looped_"), n_resamples=500)
+    assert all(c.ok for c in data.checks), [c for c in data.checks if not c.ok]  # real twins, real traces
 
 
-def test_report_numbers_equal_loopeval_stats(demo):
-    out, _ = demo
-    data = build_report(_runs(out, "looped_"), _runs(out, "twin_"))
-    plain = next(c for c in data.conditions if not c["forcing"])
-    twin = _item_acc(out / "runs" / "twin_plain_1x")
-    looped = _item_acc(out / "runs" / "looped_plain_1x")
-    expected = paired_bootstrap({"arith_boxed": twin}, {"arith_boxed": looped})
-    m = plain["param"].macro
-    assert m.delta == pytest.approx(looped.mean() - twin.mean())
-    assert (m.ci.low, m.ci.high, m.pvalue) == pytest.approx((expected.ci.low, expected.ci.high, expected.pvalue))
-    eq = tost({"arith_boxed": twin}, {"arith_boxed": looped})
-    assert plain["param"].tasks["arith_boxed"].equivalence_ci == pytest.approx(tuple(eq.ci))
-    row = next(r for r in data.decoding if r["setting"] == "looped")
-    assert row["macro"] == pytest.approx(looped.mean())
-    # the rendered HTML shows the same numbers, in points
-    html = render(data)
-    assert f"{100 * twin.mean():.1f} → " in html
-    assert all(c.ok for c in data.checks), [c for c in data.checks if not c.ok]
+def _chromium() -> str:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("Debian's chromium is missing, and .ci/run installs it")
+        pytest.skip("needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+    return chromium
 
 
-def test_missing_twin_and_mismatched_tasks_name_the_run(demo, tmp_path):
-    out, _ = demo
-    twins = [p for p in _runs(out, "twin_") if p.name != "twin_plain_1x"]
-    with pytest.raises(ValueError, match=r"missing twin run at the default budget \(1×, plain decoding\).*looped_plain"):
-        build_report(_runs(out, "looped_"), twins)
-    with pytest.raises(ValueError, match="given as unlooped but its trace records a loop"):
-        build_report(_runs(out, "looped_"), _runs(out, "looped_"))
-    other = tmp_path / "other_task"
-    shutil.copytree(out / "runs" / "twin_plain_1x", other)
-    for file in other.rglob("*.json*"):
-        file.write_text(file.read_text().replace("arith_boxed", "other_boxed"))
-    for file in other.rglob("samples_arith_boxed_*"):
-        file.rename(file.with_name(file.name.replace("arith_boxed", "other_boxed")))
-    with pytest.raises(ValueError, match="runs cover different tasks.*other_task: other_boxed"):
-        build_report(_runs(out, "looped_"), [*twins, other])
-
-
-def _with_setting(src: Path, dst: Path, **changes) -> Path:
-    shutil.copytree(src, dst)
-    (trace,) = dst.glob("loopeval_trace_*.jsonl")
-    lines = trace.read_text().splitlines()
-    header = json.loads(lines[0])
-    header["settings"].update(changes)
-    trace.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
-    return dst
-
-
-def test_different_decoding_settings_warn_or_fail_with_strict(demo, tmp_path):
-    out, _ = demo
-    twins = [p for p in _runs(out, "twin_") if p.name != "twin_plain_1x"]
-    twins.append(_with_setting(out / "runs" / "twin_plain_1x", tmp_path / "twin_plain_1x", dtype="bfloat16"))
-    with pytest.warns(UserWarning, match="fairness check failed"):
-        data = build_report(_runs(out, "looped_"), twins)
-    html = render(data)
-    assert 'id="failed-checks"' in html
-    assert html.index('id="failed-checks"') < html.index('id="table-param"')  # shown first, not hidden
-    assert "dtype: &#39;float32&#39; vs &#39;bfloat16&#39;" in html  # autoescaped
-    cli = subprocess.run(
-        [sys.executable, "-m", "loopeval", "report", "--strict", "--out", str(tmp_path / "r.html"),
-         "--looped", *map(str, _runs(out, "looped_")), "--twin", *map(str, twins)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert cli.returncode == 2 and "fairness check failed" in cli.stderr and "dtype" in cli.stderr
-
-
-def test_custom_template(demo, tmp_path):
-    out, _ = demo
-    data = build_report(_runs(out, "looped_"), _runs(out, "twin_"), n_resamples=500, title="<script>x</script>")
-    template = tmp_path / "mine.md.j2"
-    template.write_text("{{ data.title }}\n{% for c in data.conditions %}{{ c.label }}: {{ c.param.macro.delta|signed }}\n{% endfor %}")
-    lines = render(data, template).splitlines()
-    assert lines[0] == "&lt;script&gt;x&lt;/script&gt;"  # autoescaped
-    delta = data.conditions[0]["param"].macro.delta
-    assert lines[1] == f"plain decoding: {100 * delta:+.1f}"
-    assert json.loads(data.to_json())["conditions"][0]["param"]["macro"]["delta"] == pytest.approx(delta)
-
-
+@pytest.mark.slow
 def test_report_in_headless_chromium(demo, tmp_path):
     """The report as a browser sees it: every table and the figure are in the DOM."""
+    chromium = _chromium()
     out, _ = demo
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium is needed for this test (.ci/run installs it)"
     flags = [
         "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -149,19 +207,3 @@ def test_report_in_headless_chromium(demo, tmp_path):
     subprocess.run([chromium, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],
                    capture_output=True, timeout=120)
     assert shot.stat().st_size > 50_000
-
-
-def test_compare_warns_when_the_runs_decode_differently(demo):
-    from loopeval.runs import decoding_differences, load_run
-
-    out, _ = demo
-    runs = out / "runs"
-    assert decoding_differences(load_run(runs / "twin_plain_1x"), load_run(runs / "looped_plain_1x")) == []
-    diffs = decoding_differences(load_run(runs / "twin_plain_1x"), load_run(runs / "looped_bf_2x"))
-    assert diffs[0] == "budget_forcing: False vs True"
-    assert any(d.startswith("budget_scale: 1.0 vs 2.0") for d in diffs)
-    cli = subprocess.run(
-        [sys.executable, "-m", "loopeval", "compare", str(runs / "twin_plain_1x"), str(runs / "looped_bf_2x")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert cli.returncode == 0 and "warning: the runs decode differently: budget_forcing: False vs True" in cli.stderr

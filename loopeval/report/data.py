@@ -1,0 +1,49 @@
+"""``ReportData``: everything a report template needs, as plain values."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, is_dataclass
+
+import numpy as np
+
+from loopeval.report.checks import Check
+from loopeval.report.tables import Condition
+
+
+@dataclass
+class ReportData:
+    """The report's content. Numbers are fractions; templates format points with the
+    ``points``/``signed``/``pvalue`` filters. ``to_json`` writes it as JSON."""
+
+    title: str
+    created: str
+    loop: str
+    multiplier: float
+    tasks: list[str]
+    conditions: list[Condition]
+    decoding: list[dict]
+    figure: dict
+    checks: list[Check]
+    runs: list[dict]
+    strict: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed_checks(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_json(self) -> str:
+        return json.dumps(_plain(self), indent=2, default=str)
+
+
+def _plain(obj):
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _plain(v) for k, v in asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    return obj
