@@ -55,3 +55,23 @@ def save_model(model, tokenizer, path: str | Path) -> Path:
     elif file.exists():
         file.unlink()
     return path
+
+
+def weights_fingerprint(model, *, samples: int = 1024) -> str:
+    """A cheap identity of a model's weights: sha256 over every parameter's name, shape,
+    dtype and a fixed strided sample of up to ``samples`` of its values. Two models with
+    the same fingerprint have the same weights unless a change missed every sampled value
+    of every tensor; traces record it, so a loop on unchanged weights (training-free) is
+    recognised."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, t in sorted(model.state_dict().items()):
+            flat = t.detach().reshape(-1)
+            step = max(1, flat.numel() // samples)
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+            h.update(flat[::step][:samples].float().cpu().numpy().tobytes())
+    return h.hexdigest()

@@ -1,9 +1,13 @@
 """Free decoding rules, applied per row inside one cached ``generate`` call.
 
-* **Budget forcing** (paper §3): when a row reaches ``max_new_tokens - reserve``
-  generated tokens and has neither finished nor closed its thinking block, the rule
-  inserts a string; the row then continues with the reserved tokens, so the model
-  always writes an answer.
+* **Budget forcing** (paper §3): "Budget forcing ends the reasoning once a token limit
+  is reached. We set this limit 512 tokens before the budget, so the model always
+  writes an answer". When a row reaches ``max_new_tokens - reserve`` generated tokens
+  and has neither finished nor closed its thinking block, the rule inserts a string;
+  the row then continues with the reserved tokens. Outside a thinking block, a row that
+  has already written a complete ``\boxed{...}`` answer is skipped by default
+  (``when_answered="skip"``): forcing it would append a new box, and the last box is
+  the one scored.
 * **Repetition stop** (paper B.2): the same insertion, fired when the generated tokens
   end in a period of 4-256 tokens repeated three times.
 * **Thinking-aware stop strings**: a stop string ends a row only outside an open
@@ -31,6 +35,34 @@ DEFAULT_ANSWER_STRING = "\n\nConsidering the limited time, I have to give the fi
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REPETITION_PERIODS = (4, 256)  # shortest and longest period, in tokens
 REPETITION_TIMES = 3
+
+DEFAULT_RESERVE = 512
+RESERVE_RULES = ("scaled", "fixed")
+WHEN_ANSWERED = ("skip", "force")
+SKIPPED_ANSWERED = "answered"  # the trace's reason when forcing skips an answered row
+
+
+def effective_reserve(reserve: int, *, budget: int, scale: float, rule: str = "scaled", minimum: int = 1) -> int:
+    """The budget-forcing reserve, in tokens, of a budget scaled by ``scale``.
+
+    The paper states the reserve at the default budget ("512 tokens before the
+    budget"); that is ``reserve``, used as is at ``scale == 1`` by both rules.
+
+    * ``"scaled"`` (default): the reserve keeps its share of the budget at every scale,
+      ``round(reserve * scale)``, and never drops below ``minimum`` (the forcing
+      string's length). A 0.5-2x sweep then runs at every budget, and every budget
+      splits thinking and answer alike; at 0.5x GSM8K (384 tokens) it is 256.
+    * ``"fixed"``: the same ``reserve`` tokens at every budget.
+
+    Raises ``ValueError`` when the reserve leaves no token to reason with.
+    """
+    if rule not in RESERVE_RULES:
+        raise ValueError(f"bf_reserve_rule {rule!r}: choose one of {', '.join(RESERVE_RULES)}")
+    tokens = max(minimum, round(reserve * scale)) if rule == "scaled" else reserve
+    if tokens >= budget:
+        raise ValueError(f"bf_reserve={reserve} ({tokens} tokens under the {rule!r} rule at budget_scale={scale:g}) "
+                         f"must be smaller than the token budget max_gen_toks={budget}")
+    return tokens
 
 
 def scaled_budget(max_gen_toks: int, scale: float) -> int:
@@ -65,6 +97,13 @@ class RowOutcome:
     finished: bool  # ended by end-of-sequence or a stop string within the budget
     forced_at: int | None  # generated-token index where budget forcing inserted its string
     repetition_stop_at: int | None  # generated-token index where the repetition stop did
+    forcing_skipped: str | None = None  # why budget forcing left the row alone at its threshold
+
+
+def forcing_tokens(tokenizer, force_string: str | None) -> list[list[int]]:
+    """Token ids of the strings budget forcing inserts: ``[in thinking, otherwise]``."""
+    strings = (force_string, force_string) if force_string is not None else (DEFAULT_THINK_STRING, DEFAULT_ANSWER_STRING)
+    return [tokenizer.encode(s, add_special_tokens=False) for s in strings]
 
 
 def _single_token_id(tokenizer, text: str) -> int | None:
@@ -87,8 +126,9 @@ class DecodingRules(LogitsProcessor):
         max_new_tokens: int,
         *,
         budget_forcing: bool = False,
-        reserve: int = 512,
+        reserve: int = DEFAULT_RESERVE,
         force_string: str | None = None,
+        when_answered: str = "skip",
         repetition_stop: bool = False,
         stops: list[str] = (),
         eos_token_ids: list[int] = (),
@@ -96,13 +136,15 @@ class DecodingRules(LogitsProcessor):
         self.tokenizer = tokenizer
         self.prompt_len = prompt_ids.shape[1]
         self.max_new_tokens = max_new_tokens
+        if when_answered not in WHEN_ANSWERED:
+            raise ValueError(f"bf_when_answered {when_answered!r}: choose one of {', '.join(WHEN_ANSWERED)}")
         self.budget_forcing = budget_forcing
+        self.skip_answered = when_answered == "skip"
         self.repetition_stop = repetition_stop
         self.threshold = max_new_tokens - reserve
         self.stops = [s for s in stops if s]
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=prompt_ids.device)
-        strings = (force_string, force_string) if force_string is not None else (DEFAULT_THINK_STRING, DEFAULT_ANSWER_STRING)
-        self.force_ids = [tokenizer.encode(s, add_special_tokens=False) for s in strings]  # [thinking, answer]
+        self.force_ids = forcing_tokens(tokenizer, force_string)  # [thinking, answer]
         if budget_forcing and reserve < max(len(ids) for ids in self.force_ids):
             raise ValueError(
                 f"bf_reserve={reserve} is shorter than the forcing string ({max(len(i) for i in self.force_ids)} tokens)"
@@ -124,6 +166,7 @@ class DecodingRules(LogitsProcessor):
         self.inserted = torch.zeros(rows, dtype=torch.bool, device=device)
         self.queue: dict[int, list[int]] = {}  # row -> forced tokens still to emit
         self.forced_at: dict[int, int] = {}
+        self.skipped: dict[int, str] = {}
         self.repetition_at: dict[int, int] = {}
         lo, hi = REPETITION_PERIODS
         self.periods = torch.arange(lo, hi + 1, device=device)
@@ -146,7 +189,10 @@ class DecodingRules(LogitsProcessor):
         if self.budget_forcing and step == self.threshold:
             fire = live & ~self.inserted & ~(self.closed & ~self.thinking)
             for row in torch.nonzero(fire).flatten().tolist():
-                self._insert(row, step, self.forced_at)
+                if self.skip_answered and not self.thinking[row] and self._answered(input_ids[row]):
+                    self.skipped[row] = SKIPPED_ANSWERED
+                else:
+                    self._insert(row, step, self.forced_at)
         if self.stops and step > 0:
             self._stop_on_strings(input_ids, live)
         for row, tokens in list(self.queue.items()):
@@ -173,6 +219,12 @@ class DecodingRules(LogitsProcessor):
             same = (earlier == last[:, None]) & valid
             self.runs = (self.runs + 1) * same
 
+    def _answered(self, ids: torch.Tensor) -> bool:
+        """Whether the row's text so far holds a complete boxed answer after any thinking."""
+        from loopeval.scoring import extract_answer
+
+        return extract_answer(self.tokenizer.decode(ids[self.prompt_len :])) is not None
+
     def _insert(self, row: int, step: int, record: dict[int, int]) -> None:
         self.inserted[row] = True
         record[row] = step
@@ -196,5 +248,6 @@ class DecodingRules(LogitsProcessor):
             hits = torch.nonzero(torch.isin(generated[row], self.eos)).flatten() if self.eos.numel() else []
             finished = len(hits) > 0
             count = int(hits[0]) + 1 if finished else generated.shape[1]
-            out.append(RowOutcome(count, finished, self.forced_at.get(row), self.repetition_at.get(row)))
+            out.append(RowOutcome(count, finished, self.forced_at.get(row), self.repetition_at.get(row),
+                                  self.skipped.get(row)))
         return out

@@ -15,12 +15,15 @@ Every following line is one generation request::
     {"kind": "item", "task": str, "doc_id": int, "idx": int, "prompt_hash": str,
      "prompt_tokens": int, "generated_tokens": int, "max_gen_toks": int,
      "finished": bool, "forced_at": int | null, "repetition_stop_at": int | null,
-     "passes_per_token": int, "flops": float}
+     "passes_per_token": int, "flops": float, "bf_reserve": int | null,
+     "forcing_skipped": str | null}
 
 ``prompt_hash`` is lm-eval's own (sha256 of the request context), so records join
 lm-eval's ``samples_*.jsonl`` on ``(task, doc_id, prompt_hash)``. ``forced_at`` and
 ``repetition_stop_at`` are generated-token positions where the rule inserted its
-string. Records are flushed per batch so a crash never loses finished work.
+string; ``bf_reserve`` is the reserve budget forcing applied to the request, and
+``forcing_skipped`` says why it left a row alone at its threshold ("answered": the row
+had already boxed an answer). Records are flushed per batch so a crash never loses finished work.
 
 Format 1 traces (one flat ``settings`` object in the header) still load.
 """
@@ -45,8 +48,10 @@ class DecodingSettings:
     comparison must share (:data:`SHARED`): a difference is a fairness failure."""
 
     budget_forcing: bool = False
-    bf_reserve: int | None = None  # None when budget forcing is off
+    bf_reserve: int | None = None  # None when budget forcing is off; tokens at budget_scale 1
+    bf_reserve_rule: str | None = None  # how the reserve follows the budget (decoding.RESERVE_RULES)
     bf_string: str | None = None  # None: the automatic strings (or forcing off)
+    bf_when_answered: str | None = None  # skip or force rows that already boxed an answer
     repetition_stop: bool = False
     budget_scale: float = 1.0
     dtype: str | None = None
@@ -78,6 +83,7 @@ class TraceHeader:
     decoding: DecodingSettings
     cache_check: dict | None = None
     versions: dict = field(default_factory=dict)
+    weights: str | None = None  # checkpoint.weights_fingerprint of the evaluated weights
 
     @property
     def looped(self) -> bool:
@@ -100,7 +106,7 @@ class TraceHeader:
             raise ValueError(f"unknown loopeval trace format {rec.get('format')!r} (this loopeval reads 1 and {FORMAT})")
         return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
                    decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
-                   versions=dict(rec.get("versions") or {}))
+                   versions=dict(rec.get("versions") or {}), weights=rec.get("weights"))
 
     @classmethod
     def _from_format_1(cls, s: dict) -> TraceHeader:
@@ -134,6 +140,8 @@ class TraceItem:
     repetition_stop_at: int | None
     passes_per_token: int
     flops: float
+    bf_reserve: int | None = None  # the reserve budget forcing used for this request, in tokens
+    forcing_skipped: str | None = None  # why budget forcing left an unfinished row alone
 
     @property
     def key(self) -> tuple[str, int, int]:

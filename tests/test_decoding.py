@@ -174,3 +174,50 @@ def test_scaled_budget():
     assert [scaled_budget(768, f) for f in (0.5, 1, 1.5, 2)] == [384, 768, 1152, 1536]
     with pytest.raises(ValueError, match="budget_scale"):
         scaled_budget(768, 0)
+
+
+class Script(LogitsProcessor):
+    """Make row ``row`` emit ``tokens`` from step 0 on, as a model that answers at once would."""
+
+    def __init__(self, prompt_len, row, tokens):
+        self.prompt_len, self.row, self.tokens = prompt_len, row, tokens
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - self.prompt_len
+        if step < len(self.tokens):
+            scores[self.row] = float("-inf")
+            scores[self.row, self.tokens[step]] = 0.0
+        return scores
+
+
+@pytest.mark.parametrize("when", ["skip", "force"])
+def test_forcing_skips_a_row_that_already_boxed_its_answer(model, tokenizer, when):
+    prompts = ["Tom has 3 apples and 4 more. How many?", "A train travels 60 miles in 1.5 hours; its speed is"]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    answer = tokenizer.encode(" 3 + 4 = 7, so \\boxed{7}.", add_special_tokens=False)
+    script = Script(enc.input_ids.shape[1], 0, answer)
+    enc, out, proc, _ = _generate(model, tokenizer, prompts, 48, budget_forcing=True, reserve=30,
+                                  when_answered=when, extra=[script])
+    outcomes = proc.outcomes(out)
+    text = tokenizer.decode(out[0, enc.input_ids.shape[1]:])
+    if when == "skip":  # row 0 answered before its threshold: left alone, and its box stays the last one
+        assert (outcomes[0].forced_at, outcomes[0].forcing_skipped) == (None, "answered")
+        assert "The final answer is" not in text
+    else:
+        assert (outcomes[0].forced_at, outcomes[0].forcing_skipped) == (18, None)
+        assert "The final answer is \\boxed{" in text
+    assert (outcomes[1].forced_at, outcomes[1].forcing_skipped) == (18, None)  # never answered: forced
+
+
+def test_effective_reserve_rules():
+    from loopeval.decoding import effective_reserve
+
+    # the paper's 512 tokens at the default budget, under both rules
+    assert effective_reserve(512, budget=768, scale=1.0) == effective_reserve(512, budget=768, scale=1.0, rule="fixed") == 512
+    assert effective_reserve(512, budget=384, scale=0.5) == 256  # GSM8K at 0.5x: the same share of the budget
+    assert effective_reserve(512, budget=1536, scale=2.0) == 1024
+    assert effective_reserve(12, budget=24, scale=0.5, minimum=9) == 9  # never shorter than the forcing string
+    with pytest.raises(ValueError, match=r"bf_reserve=512 \(512 tokens under the 'fixed' rule at budget_scale=0.5\)"):
+        effective_reserve(512, budget=384, scale=0.5, rule="fixed")
+    with pytest.raises(ValueError, match="bf_reserve_rule 'half'"):
+        effective_reserve(512, budget=768, scale=1.0, rule="half")

@@ -164,12 +164,14 @@ def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
         assert item.prompt_hash == samples[item.doc_id]["prompt_hash"]
         assert item.passes_per_token == 6
         assert item.flops == pytest.approx(cost.generation_flops(item.prompt_tokens, item.generated_tokens))
-        if not item.finished:  # a random model rarely ends: forcing fired at 60 - 30
-            assert item.forced_at == 30 and item.generated_tokens == 60
+        assert item.bf_reserve == 45  # the "scaled" rule: 30 reserved tokens at 1x are 45 at 1.5x
+        if not item.finished:  # a random model rarely ends: forcing fired at 60 - 45
+            assert item.forced_at == 15 and item.generated_tokens == 60
             assert "The final answer is \\boxed{" in samples[item.doc_id]["resps"][0][0]
     assert any(not i.finished for i in trace.items)
     d = trace.header.decoding
-    assert (d.budget_forcing, d.bf_reserve, d.budget_scale, trace.header.loop["loop"]) == (True, 30, 1.5, "1:3x2")
+    assert (d.budget_forcing, d.bf_reserve, d.bf_reserve_rule, d.budget_scale) == (True, 30, "scaled", 1.5)
+    assert trace.header.loop["loop"] == "1:3x2"
     assert trace.header.multiplier == pytest.approx(1.5)
 
 
@@ -197,7 +199,7 @@ def test_bad_input(workdir, evaluate, monkeypatch):
     with pytest.raises(ValueError, match="already has the loop 1:3x2"):
         LoopedLM(pretrained=str(workdir / "looped"), loop="0:2x2")
     lm = LoopedLM(pretrained=path, device="cpu", budget_forcing=True, bf_reserve=512)
-    with pytest.raises(ValueError, match="bf_reserve=512 must be smaller than the token budget of task 'tiny_gen'"):
+    with pytest.raises(ValueError, match=r"task 'tiny_gen': bf_reserve=512 .* must be smaller than the token budget max_gen_toks=40"):
         evaluate(lm)
 
     def no_weights(*a, **k):
@@ -246,3 +248,126 @@ def test_thinking_responses_keep_their_block(workdir, evaluate, tmp_path):
         assert text.startswith("<think>")
         if sample["doc_id"] in forced:
             assert DEFAULT_THINK_STRING.strip() in text and "</think>" in text
+
+
+# -- model args mean what they say ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ({"budget_forcing": "no", "repetition_stop": "OFF", "check_cache": False}, (False, False, False)),
+    ({"budget_forcing": "false", "repetition_stop": 0, "check_cache": "0"}, (False, False, False)),  # JSON "false"
+    ({"budget_forcing": "Yes", "repetition_stop": "on", "check_cache": True}, (True, True, True)),
+])
+def test_boolean_args_accept_every_common_spelling(raw, expected):
+    from loopeval.model_adapters.looped import LoopedArgs
+
+    args = LoopedArgs.parse(dict(raw))
+    assert (args.budget_forcing, args.repetition_stop, args.check_cache) == expected
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"budget_forcing": "maybe"}, r"budget_forcing='maybe': expected a boolean"),
+    ({"bf_reserve": 1.7}, r"bf_reserve=1.7: expected a whole number"),
+    ({"bf_reserve": "0"}, r"bf_reserve='0': must be >= 1"),
+    ({"budget_scale": "abc"}, r"budget_scale='abc': expected a finite number"),
+    ({"budget_scale": "nan"}, r"budget_scale='nan': expected a finite number"),
+    ({"budget_scale": -1}, r"budget_scale=-1: must be > 0"),
+    ({"bf_reserve_rule": "half"}, r"bf_reserve_rule='half': choose one of scaled, fixed"),
+    ({"bf_when_answered": "always"}, r"bf_when_answered='always': choose one of skip, force"),
+    ({"loop_operator": "cubic"}, r"loop_operator='cubic': choose one of repeat, damped"),
+    ({"trace": ""}, r"trace='': expected a folder path"),
+])
+def test_bad_arg_values_name_the_arg(raw, message):
+    from loopeval.model_adapters.looped import LoopedArgs
+
+    with pytest.raises(ValueError, match=message):
+        LoopedArgs.parse(dict(raw))
+
+
+def test_bad_paths_fail_before_weights_load(workdir, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from loopeval.model_adapters.looped import LoopedLM
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=r"trace=.*a_file/out: cannot create the folder"):
+        LoopedLM(pretrained=str(workdir / "looped"), trace=str(blocker / "out"))
+    with pytest.raises(ValueError, match=r"pretrained=.*no_such_ckpt: no such local folder"):
+        LoopedLM(pretrained=str(tmp_path / "no_such_ckpt"))
+
+
+def test_use_cache_is_refused_before_any_work(workdir, tmp_path):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    with pytest.raises(ValueError, match="--use_cache keys a result on the request alone.*resume_dir"):
+        simple_evaluate(model="looped", model_args=f"pretrained={workdir / 'looped'},device=cpu",
+                        tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(workdir / "tasks")),
+                        use_cache=str(tmp_path / "cache"), verbosity="ERROR")
+
+
+# -- resuming: every item's output and trace equal an uninterrupted run's ----------------------
+
+
+def _run_items(evaluate, trace_dir, **args):
+    from loopeval.model_adapters.looped import LoopedLM
+
+    lm = LoopedLM(device="cpu", batch_size=2, trace=str(trace_dir), **args)
+    resps = _resps(evaluate(lm))
+    items = sorted((i for t in find_traces(trace_dir) for i in t.items), key=lambda i: i.doc_id)
+    return resps, items
+
+
+def test_resume_after_a_crash_and_a_shared_store_equal_uninterrupted_runs(workdir, evaluate, tmp_path, monkeypatch):
+    from loopeval.model_adapters.looped import LoopedLM
+
+    forcing = dict(pretrained=str(workdir / "looped"), budget_forcing=True, bf_reserve=20)
+    plain = dict(pretrained=str(workdir / "looped"), budget_scale=0.5)
+    truth = {name: _run_items(evaluate, tmp_path / f"{name}_truth", **args)
+             for name, args in (("forcing", forcing), ("plain", plain))}
+
+    store = tmp_path / "store"
+    generate, calls = LoopedLM._generate, []
+
+    def crash_on_the_second_batch(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return generate(self, *a, **k)
+
+    monkeypatch.setattr(LoopedLM, "_generate", crash_on_the_second_batch)
+    with pytest.raises(KeyboardInterrupt):
+        _run_items(evaluate, tmp_path / "killed", resume_dir=str(store), **forcing)
+    monkeypatch.setattr(LoopedLM, "_generate", generate)
+    assert len((store / "loopeval_responses.jsonl").read_text().splitlines()) == 2  # the first batch
+
+    resumed = _run_items(evaluate, tmp_path / "resumed", resume_dir=str(store), **forcing)
+    other = _run_items(evaluate, tmp_path / "other", resume_dir=str(store), **plain)  # same store, other settings
+    assert resumed == truth["forcing"] and other == truth["plain"]
+    assert len((store / "loopeval_responses.jsonl").read_text().splitlines()) == 2 * len(QUESTIONS)
+
+
+# -- budget forcing runs at every budget of the sweep -----------------------------------------
+
+
+def test_the_budget_forcing_sweep_runs_on_gsm8k(workdir, tmp_path):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from test_tasks import FIXTURES, local_tasks
+
+    from loopeval.model_adapters.looped import LoopedLM
+    from loopeval.paths import tasks_path
+
+    folder = local_tasks(tmp_path / "tasks", {"gsm8k_boxed": FIXTURES / "gsm8k.jsonl"})
+    manager = TaskManager(include_path=[str(tasks_path()), str(folder)])
+    for scale in (0.5, 1.0):  # 384 and 768 tokens; the paper's 512-token reserve fits only at 1x
+        out = tmp_path / f"bf_{scale}"
+        lm = LoopedLM(pretrained=str(workdir / "looped"), device="cpu", batch_size=4, budget_forcing=True,
+                      budget_scale=scale, trace=str(out))
+        simple_evaluate(model=lm, tasks=["gsm8k_boxed"], task_manager=manager, apply_chat_template=True,
+                        verbosity="ERROR")
+        (trace,) = find_traces(out)
+        assert trace.items and all(i.bf_reserve == round(512 * scale) for i in trace.items)
+        assert all(i.forced_at == i.max_gen_toks - i.bf_reserve for i in trace.items if not i.finished)
