@@ -10,6 +10,8 @@ Accuracies are fractions throughout; :mod:`loopeval.stats.display` formats point
 * :func:`mcnemar`: exact test for deterministic, training-free comparisons;
 * :func:`holm`: correction across token budgets;
 * :func:`seed_summary`: how many training seeds favour the candidate;
+* :func:`order_interval`: Welch interval over training orders of fixed parents;
+* :func:`unpaired_from_summary`: difference of published accuracies (2 SE rule);
 * :func:`macro`, :func:`best_cheaper`, :func:`ceiling_gain` (Eq. 4).
 """
 
@@ -19,19 +21,23 @@ from loopeval.stats.comparators import best_cheaper
 from loopeval.stats.family import family_level
 from loopeval.stats.holm import holm
 from loopeval.stats.mcnemar import McNemarResult, mcnemar
+from loopeval.stats.order import OrderInterval, order_interval
 from loopeval.stats.results import ConfidenceInterval
 from loopeval.stats.scores import item_scores, macro
 from loopeval.stats.seeds import SeedSummary, seed_summary
 from loopeval.stats.selection import BestCheaperResult, best_cheaper_bootstrap
+from loopeval.stats.unpaired import UnpairedSummary, unpaired_from_summary
 
 __all__ = [
     "BestCheaperResult",
     "ConfidenceInterval",
     "McNemarResult",
+    "OrderInterval",
     "PairedBootstrapResult",
     "Resampler",
     "SeedSummary",
     "TOSTResult",
+    "UnpairedSummary",
     "best_cheaper",
     "best_cheaper_bootstrap",
     "ceiling_gain",
@@ -40,7 +46,9 @@ __all__ = [
     "item_scores",
     "macro",
     "mcnemar",
+    "order_interval",
     "paired_bootstrap",
     "seed_summary",
     "tost",
+    "unpaired_from_summary",
 ]
