@@ -12,6 +12,7 @@ Accuracies are fractions throughout; :mod:`loopeval.stats.display` formats point
 * :func:`seed_summary`: how many training seeds favour the candidate;
 * :func:`order_interval`: Welch interval over training orders of fixed parents;
 * :func:`unpaired_from_summary`: difference of published accuracies (2 SE rule);
+* :func:`power`: minimum detectable difference, or items needed, from a paired pilot;
 * :func:`macro`, :func:`best_cheaper`, :func:`ceiling_gain` (Eq. 4).
 """
 
@@ -22,6 +23,7 @@ from loopeval.stats.family import family_level
 from loopeval.stats.holm import holm
 from loopeval.stats.mcnemar import McNemarResult, mcnemar
 from loopeval.stats.order import OrderInterval, order_interval
+from loopeval.stats.power import PowerResult, power
 from loopeval.stats.results import ConfidenceInterval
 from loopeval.stats.scores import item_scores, macro
 from loopeval.stats.seeds import SeedSummary, seed_summary
@@ -34,6 +36,7 @@ __all__ = [
     "McNemarResult",
     "OrderInterval",
     "PairedBootstrapResult",
+    "PowerResult",
     "Resampler",
     "SeedSummary",
     "TOSTResult",
@@ -48,6 +51,7 @@ __all__ = [
     "mcnemar",
     "order_interval",
     "paired_bootstrap",
+    "power",
     "seed_summary",
     "tost",
     "unpaired_from_summary",
