@@ -26,8 +26,9 @@ from loopeval.stats.scores import score_table
 class PowerResult:
     """``mde``: the smallest paired difference detected with probability ``power`` at ``n`` items.
 
-    ``se`` is the standard error of the mean difference at ``n``; ``n_needed`` the items
-    that detect ``delta`` (``None`` without ``delta``). For a macro, ``n`` and
+    ``sd`` is the pilot's per-item SD of ``b − a``; ``se`` the standard error of the mean
+    difference at ``n``; ``n_needed`` the items that detect ``delta`` (``None`` without
+    ``delta``). For a macro, ``sd`` is the effective per-item SD, and ``n``, ``n_pilot`` and
     ``n_needed`` count the items of all benchmarks together, in the pilot's proportions.
     """
 
