@@ -107,6 +107,71 @@ def _compare(args) -> int:
     return 0
 
 
+def _add_power(sub) -> None:
+    p = sub.add_parser(
+        "power",
+        help="minimum detectable difference, or items needed, from a paired pilot of two runs",
+        description=(
+            "Treat two lm-eval runs (written with --log_samples) as a paired pilot: per task and for the macro, "
+            "print the per-item SD of CANDIDATE - BASELINE, the minimum detectable difference at the pilot's items "
+            "(or --n), and with --delta the items needed to detect it. Two-sided normal approximation. The "
+            "macro counts the items of all tasks together, in the pilot's proportions."
+        ),
+    )
+    p.add_argument("baseline", help="baseline pilot run (e.g. the twin)")
+    p.add_argument("candidate", help="candidate pilot run (e.g. the looped model)")
+    p.add_argument("--delta", type=float, help="difference to detect, a fraction (0.02 = 2 points)")
+    p.add_argument("--n", type=int, help="items at which to give the minimum detectable difference")
+    p.add_argument("--alpha", type=float, default=0.05, help="two-sided level (default: 0.05)")
+    p.add_argument("--power", type=float, default=0.8, help="power (default: 0.8)")
+    p.add_argument("--metric", help="metric instead of each task's main one, e.g. exact_match,flexible-extract")
+    p.add_argument("--tasks", nargs="+", metavar="T", help="leaf tasks or groups (default: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (fractions, not points)")
+    p.set_defaults(func=_power)
+
+
+def _power(args) -> int:
+    import json
+    from dataclasses import asdict
+
+    from loopeval.runs import load_run, pair_runs
+    from loopeval.stats import power
+    from loopeval.stats.display import points
+
+    runs = {role: load_run(path, metric=args.metric, tasks=args.tasks)
+            for role, path in (("baseline", args.baseline), ("candidate", args.candidate))}
+    paired = pair_runs(runs)
+    a, b = paired.scores["baseline"], paired.scores["candidate"]
+    options = dict(alpha=args.alpha, power=args.power, n=args.n, delta=args.delta)
+    rows = {t: power(a[t], b[t], **options) for t in paired.tasks}
+    rows["macro"] = power(a, b, **options)
+    if args.json:
+        print(json.dumps({
+            "tasks": {t: asdict(r) for t, r in rows.items() if t != "macro"},
+            "macro": asdict(rows["macro"]),
+            "runs": {role: str(run.path) for role, run in runs.items()},
+        }, indent=2))
+        return 0
+    for role, run in runs.items():
+        print(f"{role:<9}  {run.path}  ({run.name})")
+    at = "the pilot's items" if args.n is None else f"{args.n} items"
+    print(f"paired pilot, normal approximation: two-sided alpha {args.alpha:g}, power {points(args.power, digits=0)}%")
+    print(f"MDE: minimum detectable difference at {at}; the macro counts all tasks' items together, "
+          "in the pilot's proportions\n")
+    header = ("task", "pilot n", "SD of difference", "MDE")
+    if args.delta is not None:
+        header += (f"items for {points(args.delta, signed=True)} points",)
+    lines = [
+        (task, str(r.n_pilot), points(r.sd), points(r.mde))
+        + ((f"{r.n_needed:,}",) if args.delta is not None else ())
+        for task, r in rows.items()
+    ]
+    widths = [max(len(row[i]) for row in (header, *lines)) for i in range(len(header))]
+    for row in (header, *lines):
+        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip())
+    return 0
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -249,7 +314,7 @@ def _demo(args) -> int:
     return 0
 
 
-_SUBCOMMANDS = [_add_demo, _add_check_cache, _add_train, _add_compare, _add_report, _add_tasks_path]
+_SUBCOMMANDS = [_add_demo, _add_check_cache, _add_train, _add_compare, _add_power, _add_report, _add_tasks_path]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -262,13 +262,13 @@ def test_mcnemar_matches_statsmodels_exact(seed):
              [np.sum((a == 0) & (b == 1)), np.sum((a == 0) & (b == 0))]]
     ref = sm_mcnemar(table, exact=True)
     assert res.statistic == ref.statistic and res.pvalue == pytest.approx(ref.pvalue, rel=1e-12)
-    assert (res.b, res.c) == (table[0][1], table[1][0])
+    assert (res.only_baseline, res.only_candidate) == (table[0][1], table[1][0])
 
 
 def test_mcnemar_edge_cases():
     assert mcnemar([1, 0, 1], [1, 0, 1]).pvalue == 1.0
     res = mcnemar([1] * 10, [0] * 10)  # ten discordant pairs, all one way: 2 / 2**10
-    assert (res.b, res.c, res.statistic) == (10, 0, 0) and res.pvalue == pytest.approx(2 / 1024)
+    assert (res.only_baseline, res.only_candidate, res.statistic) == (10, 0, 0) and res.pvalue == pytest.approx(2 / 1024)
     with pytest.raises(ValueError, match="0/1 scores; b has 0.5"):
         mcnemar([1, 0], [1, 0.5])
     with pytest.raises(ValueError, match="a has 2 items and b has 3"):

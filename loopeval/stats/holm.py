@@ -8,16 +8,16 @@ import numpy as np
 def holm(pvalues) -> np.ndarray:
     """Holm-adjusted p-values, in the input order; reject where ``adjusted < alpha``.
 
-    The ``i``-th smallest of ``m`` p-values becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``.
+    statsmodels' ``multipletests(method="holm")``: the ``i``-th smallest of ``m``
+    p-values becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``.
     """
+    from statsmodels.stats.multitest import multipletests  # slow import, not at CLI start
+
     p = np.asarray(pvalues, dtype=float)
     if p.ndim != 1:
         raise ValueError(f"holm needs a 1-D sequence of p-values, got shape {p.shape}")
     if p.size and not ((p >= 0) & (p <= 1)).all():
         raise ValueError(f"p-values must lie in [0, 1] (no NaN); got {p.tolist()}")
-    order = np.argsort(p, kind="stable")
-    m = len(p)
-    steps = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
-    adjusted = np.empty(m)
-    adjusted[order] = steps
-    return adjusted
+    if not p.size:
+        return np.empty(0)
+    return np.asarray(multipletests(p, method="holm")[1], dtype=float)

@@ -5,28 +5,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
 
 from loopeval.stats.scores import score_table
 
 
 @dataclass(frozen=True)
 class McNemarResult:
-    """``b``: items only the baseline gets right; ``c``: items only the candidate gets right."""
+    """``only_baseline``/``only_candidate``: items only the baseline/candidate gets right, of ``n``."""
 
     statistic: int
     pvalue: float
-    b: int
-    c: int
+    only_baseline: int
+    only_candidate: int
     n: int
 
 
 def mcnemar(a, b) -> McNemarResult:
     """Exact (binomial) McNemar test of paired 0/1 scores ``a`` (baseline) and ``b`` (candidate).
 
-    ``statistic = min(b, c)`` and ``pvalue = min(1, 2 P(X <= statistic))`` for
-    ``X ~ Binomial(b + c, 1/2)``, as ``statsmodels``' ``mcnemar(exact=True)``.
+    statsmodels' ``mcnemar(exact=True)``: ``statistic = min(only_baseline, only_candidate)``
+    and ``pvalue = min(1, 2 P(X <= statistic))`` for ``X ~ Binomial(only_baseline + only_candidate, 1/2)``.
     """
+    from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar  # slow import, not at CLI start
+
     x = score_table({"a": a, "b": b})
     if len(x) != 1:
         raise ValueError("mcnemar compares one benchmark; pass arrays, not a mapping")
@@ -35,8 +36,9 @@ def mcnemar(a, b) -> McNemarResult:
         odd = table[:, j][(table[:, j] != 0) & (table[:, j] != 1)]
         if odd.size:
             raise ValueError(f"mcnemar needs 0/1 scores; {name} has {float(odd[0])!r} (a per-item mean?)")
-    only_a = int(np.count_nonzero((table[:, 0] == 1) & (table[:, 1] == 0)))
-    only_b = int(np.count_nonzero((table[:, 0] == 0) & (table[:, 1] == 1)))
-    stat = min(only_a, only_b)
-    pvalue = min(1.0, 2 * float(binom.cdf(stat, only_a + only_b, 0.5)))
-    return McNemarResult(statistic=stat, pvalue=pvalue, b=only_a, c=only_b, n=len(table))
+    right_a, right_b = table[:, 0] == 1, table[:, 1] == 1
+    counts = [[np.count_nonzero(right_a & right_b), np.count_nonzero(right_a & ~right_b)],
+              [np.count_nonzero(~right_a & right_b), np.count_nonzero(~right_a & ~right_b)]]
+    res = sm_mcnemar(counts, exact=True)
+    return McNemarResult(statistic=int(res.statistic), pvalue=float(res.pvalue), only_baseline=int(counts[0][1]),
+                         only_candidate=int(counts[1][0]), n=len(table))
