@@ -43,14 +43,22 @@ class CacheCheckResult:
         )
 
 
+def _checked_prompts(prompts) -> list[str]:
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise ValueError("check_cache: prompts is empty")
+    blank = [i for i, text in enumerate(prompts) if not isinstance(text, str) or not text.strip()]
+    if blank:
+        raise ValueError(f"check_cache: prompt {blank[0]} is empty; an empty prompt has no token to decode from")
+    return prompts
+
+
 @torch.no_grad()
 def check_cache(model, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens: int = 32, *, atol: float | None = None) -> CacheCheckResult:
     """Greedy-decode ``prompts`` (left-padded, one batch) with the cache and compare every
     step's logits with an uncached recomputation. A step fails when its logits differ
     by more than ``atol`` or its greedy token differs outside a numerical tie."""
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not prompts:
-        raise ValueError("check_cache: prompts is empty")
+    prompts = _checked_prompts(prompts)
     if max_new_tokens < 1:
         raise ValueError(f"check_cache: max_new_tokens must be >= 1, got {max_new_tokens}")
     dtype = next(model.parameters()).dtype
@@ -116,6 +124,7 @@ def run_check_cache_cli(args) -> int:
     from loopeval.loop import apply_loop, loop_config, resolve_loop
 
     options = dict(operator=args.operator, beta=args.beta, mix=args.mix)
+    prompts = _checked_prompts(args.prompt or DEFAULT_PROMPTS)  # before any weights load
     if args.model is None:
         from loopeval.tiny import tiny_model, tiny_tokenizer
 
@@ -127,6 +136,8 @@ def run_check_cache_cli(args) -> int:
         model, tokenizer = load_model(args.model, args.loop, dtype=getattr(torch, args.dtype), **options)
         config = loop_config(model)
         print(f"model: {args.model}, loop {config.spec if config else 'none'}")
-    result = check_cache(model, tokenizer, args.prompt or DEFAULT_PROMPTS, args.max_new_tokens)
+    result = check_cache(model, tokenizer, prompts, args.max_new_tokens)
     print(result)
+    if result.error is not None:
+        raise ValueError(f"the cache check could not compare: cached decoding raised {result.error}")
     return 0 if result.ok else 1

@@ -19,7 +19,7 @@ def _add_check_cache(sub) -> None:
     p.add_argument("--beta", type=float, default=None)
     p.add_argument("--mix", type=float, default=None)
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: three built-in prompts")
     p.set_defaults(func=_check_cache)
 
@@ -59,51 +59,58 @@ def _add_compare(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (fractions, not points)")
     p.add_argument("--metric", help="metric instead of each task's main one, e.g. exact_match,flexible-extract")
     p.add_argument("--tasks", nargs="+", metavar="T", help="leaf tasks or groups to compare (default: all)")
+    p.add_argument("--cost", choices=["passes", "flops"], default="passes",
+                   help="how the cost ratio is charged: layer passes (the paper's rule, default) or traced FLOPs")
+    p.add_argument("--test", choices=["bootstrap", "mcnemar"], default="bootstrap",
+                   help="the test that decides each row (default: the paired bootstrap)")
+    p.add_argument("--family", type=int, metavar="K", help="Bonferroni-adjust every interval for a family of K")
+    p.add_argument("--cluster-field", metavar="FIELD", help="resample clusters of items sharing this doc field")
     p.add_argument("--n-resamples", type=int, default=10_000, help="bootstrap resamples (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     p.set_defaults(func=_compare)
 
 
+def _load_two(args, **options):
+    from loopeval.runs import load_run, pair_runs
+
+    runs = {role: load_run(path, metric=args.metric, tasks=args.tasks, **options)
+            for role, path in (("baseline", args.baseline), ("candidate", args.candidate))}
+    return runs, pair_runs(runs)
+
+
 def _compare(args) -> int:
     import json
 
+    from loopeval import console
     from loopeval.protocol import compare
-    from loopeval.runs import decoding_differences, load_run, pair_runs
-    from loopeval.stats.display import points, pvalue
+    from loopeval.runs import decoding_differences
 
-    runs = {role: load_run(path, metric=args.metric, tasks=args.tasks)
-            for role, path in (("baseline", args.baseline), ("candidate", args.candidate))}
-    paired = pair_runs(runs)
+    runs, paired = _load_two(args, cluster_field=args.cluster_field)
     for diff in decoding_differences(runs["baseline"], runs["candidate"]):
         print(f"warning: the runs decode differently: {diff}", file=sys.stderr)
-    result = compare(paired, "baseline", "candidate",
-                     resampler=paired.resampler(n_resamples=args.n_resamples, seed=args.seed))
+    result = compare(paired, "baseline", "candidate", resampler=paired.resampler(n_resamples=args.n_resamples,
+                                                                                 seed=args.seed),
+                     family=(args.family, "bonferroni") if args.family else None, test=args.test)
+    traced = [t for t in paired.tasks if all(run.tasks[t].trace is not None for run in runs.values())]
+    try:
+        costs = {role: run.cost(traced, mode=args.cost) for role, run in runs.items()} if traced else None
+    except ValueError as exc:
+        costs = None
+        print(f"note: no cost ratio ({exc})", file=sys.stderr)
     if args.json:
         print(json.dumps({
             "tasks": {t: c.as_dict() for t, c in result.tasks.items()},
             "macro": result.macro.as_dict(),
             "runs": {role: str(run.path) for role, run in runs.items()},
+            "costs": costs,
+            "cost_mode": args.cost,
+            "test": result.test,
+            "confidence": result.confidence,
             "n_resamples": result.n_resamples,
             "seed": result.bootstrap_seed,
         }, indent=2))
         return 0
-    for role, run in runs.items():
-        print(f"{role:<9}  {run.path}  ({run.name})")
-    print(f"paired bootstrap over items, {result.n_resamples} resamples, seed {result.bootstrap_seed}; "
-          f"equivalent: 90% interval inside ±{points(result.margin)} points\n")
-    header = ("task", "metric", "n", "baseline", "candidate", "delta", "95% CI", "p", "McNemar p", "equivalent")
-    lines = [
-        (name, runs["baseline"].tasks[c.task].metric if c.task else "", str(c.n),
-         points(c.baseline_accuracy), points(c.candidate_accuracy), points(c.delta, signed=True),
-         f"[{points(c.ci.low, signed=True)}, {points(c.ci.high, signed=True)}]", pvalue(c.pvalue),
-         pvalue(c.mcnemar_pvalue), "yes" if c.equivalent else "no")
-        for name, c in [*result.tasks.items(), ("macro", result.macro)]
-    ]
-    widths = [max(len(row[i]) for row in (header, *lines)) for i in range(len(header))]
-    for row in (header, *lines):
-        print("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip())
-    if result.seeds:
-        print(f"\nseed runs favouring the candidate: {result.seeds}")
+    print(console.comparison(result, runs, costs, args.cost))
     return 0
 
 
@@ -134,13 +141,10 @@ def _power(args) -> int:
     import json
     from dataclasses import asdict
 
-    from loopeval.runs import load_run, pair_runs
+    from loopeval import console
     from loopeval.stats import power
-    from loopeval.stats.display import points
 
-    runs = {role: load_run(path, metric=args.metric, tasks=args.tasks)
-            for role, path in (("baseline", args.baseline), ("candidate", args.candidate))}
-    paired = pair_runs(runs)
+    runs, paired = _load_two(args)
     a, b = paired.scores["baseline"], paired.scores["candidate"]
     options = dict(alpha=args.alpha, power=args.power, n=args.n, delta=args.delta)
     rows = {t: power(a[t], b[t], **options) for t in paired.tasks}
@@ -152,23 +156,7 @@ def _power(args) -> int:
             "runs": {role: str(run.path) for role, run in runs.items()},
         }, indent=2))
         return 0
-    for role, run in runs.items():
-        print(f"{role:<9}  {run.path}  ({run.name})")
-    at = "the pilot's items" if args.n is None else f"{args.n} items"
-    print(f"paired pilot, normal approximation: two-sided alpha {args.alpha:g}, power {points(args.power, digits=0)}%")
-    print(f"MDE: minimum detectable difference at {at}; the macro counts all tasks' items together, "
-          "in the pilot's proportions\n")
-    header = ("task", "pilot n", "SD of difference", "MDE")
-    if args.delta is not None:
-        header += (f"items for {points(args.delta, signed=True)} points",)
-    lines = [
-        (task, str(r.n_pilot), points(r.sd), points(r.mde))
-        + ((f"{r.n_needed:,}",) if args.delta is not None else ())
-        for task, r in rows.items()
-    ]
-    widths = [max(len(row[i]) for row in (header, *lines)) for i in range(len(header))]
-    for row in (header, *lines):
-        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip())
+    print(console.power_table(rows, runs, **options))
     return 0
 
 
@@ -257,32 +245,75 @@ def _add_report(sub) -> None:
         "report",
         help="write the two-test HTML report from lm-eval runs of a looped model and its twin",
         description="Runs are lm-eval --output_path folders made with --model looped and trace=; each run's loop, "
-        "budget scale and decoding rules are read from its trace. Give one run per budget (and per training seed).",
+        "budget scale and decoding rules are read from its trace, its training seed and variant from the "
+        "training_manifest.json beside its checkpoint (or --seed / --variant). Give one run per budget, decoding "
+        "rule, training variant and seed.",
     )
     p.add_argument("--twin", nargs="+", required=True, metavar="RUN", help="the unlooped twin's evaluations")
     p.add_argument("--looped", nargs="+", required=True, metavar="RUN", help="the looped model's evaluations")
-    p.add_argument("--larger", metavar="RUN", help="a larger unlooped model, a further equal-FLOPs comparator")
+    p.add_argument("--larger", metavar="RUN", help="a larger unlooped model: a comparator that may cost more")
+    p.add_argument("--sizes", nargs=2, type=float, metavar=("SMALL", "LARGE"),
+                   help="parameter counts of the twin and the larger model, for the ceiling of Eq. 4 (Table 5)")
+    p.add_argument("--seed", action="append", default=[], metavar="RUN=N", dest="seeds",
+                   help="the training seed of a run without a manifest (repeatable)")
+    p.add_argument("--variant", action="append", default=[], metavar="RUN=LABEL", dest="variants",
+                   help="the training variant of a run, e.g. runs/twin_3x=3x-FT (repeatable)")
+    p.add_argument("--cost", choices=["passes", "flops"], default="passes",
+                   help="charge layer passes (the paper's rule, default) or traced FLOPs")
+    p.add_argument("--selection", choices=["fixed", "resampled"], default="fixed",
+                   help="choose the best cheaper comparator on the test items (default) or in every resample")
     p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     p.add_argument("--template", default="report.html.j2", help="a Jinja2 template (default: loopeval's own)")
     p.add_argument("--json", metavar="FILE", help="also write the report data as JSON")
+    p.add_argument("--latex", action="store_true", help="also write every table as LaTeX (booktabs) beside the report")
     p.add_argument("--title")
     p.add_argument("--default-scale", type=float, default=1.0, help="the budget scale of the Δparam test (default 1)")
     p.add_argument("--n-resamples", type=int, default=10_000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bootstrap-seed", type=int, default=0)
     p.add_argument("--strict", action="store_true", help="fail instead of warning when a fairness check fails")
     p.set_defaults(func=_report)
+
+
+def _assignments(pairs: list[str], flag: str, convert) -> dict[str, object]:
+    out = {}
+    for pair in pairs:
+        run, sep, value = pair.rpartition("=")
+        if not sep or not run:
+            raise ValueError(f"{flag} {pair!r}: expected RUN=VALUE")
+        out[run] = convert(flag, value)
+    return out
 
 
 def _report(args) -> int:
     from pathlib import Path
 
-    from loopeval.report import build_report, write_report
+    from loopeval.args import as_int, as_text
+    from loopeval.paths import reports_path
+    from loopeval.report import RunSpec, build_report, check_output, write_report
+
+    out = check_output(args.out)  # before any work
+    if args.json:
+        check_output(args.json, "--json")
+    template = Path(args.template)
+    if not (template.is_file() or (reports_path() / template.name).is_file()):
+        raise ValueError(f"--template {args.template}: no such template file")
+    seeds = _assignments(args.seeds, "--seed", as_int)
+    variants = _assignments(args.variants, "--variant", as_text)
+    given = set(args.twin) | set(args.looped) | ({args.larger} if args.larger else set())
+    stray = sorted((set(seeds) | set(variants)) - given)
+    if stray:
+        raise ValueError(f"--seed/--variant name {', '.join(stray)}, which is not among the runs given")
+
+    def spec(run: str) -> RunSpec:
+        return RunSpec(run, seed=seeds.get(run), variant=variants.get(run))
 
     data = build_report(
-        args.twin, args.looped, larger=args.larger, default_scale=args.default_scale, title=args.title,
-        strict=args.strict, n_resamples=args.n_resamples, seed=args.seed,
+        [spec(r) for r in args.twin], [spec(r) for r in args.looped], larger=spec(args.larger) if args.larger else None,
+        sizes=tuple(args.sizes) if args.sizes else None, default_scale=args.default_scale, cost=args.cost,
+        selection=args.selection, title=args.title, strict=args.strict, n_resamples=args.n_resamples,
+        seed=args.bootstrap_seed,
     )
-    path = write_report(data, args.out, template=args.template)
+    path = write_report(data, out, template=args.template, latex_tables=args.latex)
     if args.json:
         Path(args.json).write_text(data.to_json())
     for cond in data.conditions:
@@ -332,13 +363,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. Expected failures (bad input, files, options, templates) print
+    one line on stderr and exit 2; ``LOOPEVAL_DEBUG=1`` shows the traceback instead."""
+    import os
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        # Bad input: one clear line on stderr, no traceback.
-        print(f"loopeval {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        if os.environ.get("LOOPEVAL_DEBUG"):
+            raise
+        message = str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror}"
+        print(f"loopeval {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"loopeval {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

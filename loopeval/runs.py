@@ -12,6 +12,7 @@ missing items, a corrupt samples line or runs of different items are refused wit
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import defaultdict
@@ -27,22 +28,22 @@ from loopeval.jsonl import read_jsonl
 from loopeval.trace import TraceHeader, TraceItem, find_traces
 
 _RESERVED = {"alias", "name", "sample_len", "sample_count"}
+COST_MODES = ("passes", "flops")
 
 
 @dataclass(frozen=True, eq=False)
 class TaskScores:
     """One leaf task of a run: per-item scores of one metric, items sorted by ``doc_id``.
 
-    ``scores[i]`` averages the metric over the records of item ``doc_ids[i]`` (repeated
-    records, list-valued metrics). ``trace[i]`` holds the item's cost-trace records
-    (empty where none joined); ``trace`` is ``None`` when no trace covers the task.
+    ``scores[i]`` is the metric of item ``doc_ids[i]`` (the mean of a list-valued metric).
+    ``trace[i]`` holds the item's cost-trace records (empty where none joined); ``trace``
+    is ``None`` when no trace covers the task.
     """
 
     task: str
     metric: str
     doc_ids: np.ndarray
     scores: np.ndarray
-    repeats: np.ndarray
     doc_hashes: tuple[str, ...]
     target_hashes: tuple[str, ...]
     prompt_hashes: tuple[str, ...]
@@ -51,6 +52,8 @@ class TaskScores:
     generation_kwargs: Mapping | None
     samples_path: Path
     trace: tuple[tuple[TraceItem, ...], ...] | None
+    clusters: tuple | None = None  # per-item cluster ids (load_run's cluster_field)
+    foreign_traces: Mapping[tuple, str] = None  # keys of traces written outside this run -> why
 
     @property
     def n(self) -> int:
@@ -66,13 +69,26 @@ class TaskScores:
                 f"{self.samples_path.parent}: task {self.task}: no loopeval cost trace covers it "
                 "(the looped model writes one for generation requests)"
             )
-        missing = [int(d) for d, recs in zip(self.doc_ids, self.trace) if not recs]
+        missing = [(int(d), h) for d, h, recs in zip(self.doc_ids, self.prompt_hashes, self.trace) if not recs]
         if missing:
+            doc_id, prompt = missing[0]
+            why = (self.foreign_traces or {}).get((self.task, doc_id, prompt))
             raise ValueError(
                 f"{self.samples_path.parent}: task {self.task}: {len(missing)} of {self.n} items have no trace "
-                f"record joined on (task, doc_id, prompt_hash), e.g. doc_id {missing[0]}"
+                f"record joined on (task, doc_id, prompt_hash), e.g. doc_id {doc_id}"
+                + (f"; {why}" if why else "; were they served from lm-eval's --use_cache, which writes no trace?")
             )
         return self.trace
+
+    @property
+    def passes(self) -> np.ndarray:
+        """Per-item layer passes of generation: generated tokens × passes per token, from the trace."""
+        return np.array([sum(r.generated_tokens * r.passes_per_token for r in recs) for recs in self._traced()])
+
+    @property
+    def finished(self) -> np.ndarray:
+        """Per item, whether every generation of it finished within its budget (from the trace)."""
+        return np.array([all(r.finished for r in recs) for recs in self._traced()])
 
     @property
     def flops(self) -> np.ndarray:
@@ -115,20 +131,38 @@ class Run:
         """Macro accuracy: unweighted mean over the (leaf) tasks."""
         return float(np.mean([self.tasks[t].accuracy for t in self._leaves(tasks)]))
 
-    def cost(self, tasks: Sequence[str] | None = None, *, flops_per_token: float | None = None) -> float:
-        """Total inference FLOPs over the tasks' items, from the trace.
+    def cost(self, tasks: Sequence[str] | None = None, *, mode: str = "passes",
+             flops_per_token: float | None = None) -> float:
+        """Total inference cost of the tasks' items, from the trace.
 
-        With ``flops_per_token``, the cost is that figure times the traced prompt and
-        generated tokens instead of the traced FLOPs.
+        ``mode="passes"`` (the paper's charge, A.2: "We charge the loop its layer passes,
+        (N+m)/N"): generated tokens × layer passes per token, in units of the model's
+        average layer (:attr:`pass_unit`), so runs of one base model compare by layer
+        passes exactly and a larger model is charged its larger layers. ``mode="flops"``:
+        the traced forward FLOPs (LM head, prompt and attention included); with
+        ``flops_per_token``, that figure times the traced prompt and generated tokens.
         """
+        if mode not in COST_MODES:
+            raise ValueError(f"cost mode {mode!r}: choose one of {', '.join(COST_MODES)}")
         leaves = self._leaves(tasks)
         if self.trace_error:
             raise ValueError(self.trace_error)
+        if mode == "passes":
+            return float(self.pass_unit * sum(self.tasks[t].passes.sum() for t in leaves))
         if flops_per_token is None:
             return float(sum(self.tasks[t].flops.sum() for t in leaves))
         if not flops_per_token > 0:
             raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}")
         return float(flops_per_token * sum(self.tasks[t].tokens.sum() for t in leaves))
+
+    @property
+    def pass_unit(self) -> float:
+        """Parameters of the model's average layer (layer parameters / N) from the trace
+        header, the unit of a layer pass; 1 when the trace does not record them."""
+        cost = self.header.cost if self.header is not None else {}
+        if cost.get("layer_params") and cost.get("base_passes"):
+            return float(cost["layer_params"]) / float(cost["base_passes"])
+        return 1.0
 
     def _leaves(self, tasks: Sequence[str] | None) -> list[str]:
         return list(self.tasks) if tasks is None else _expand(tasks, self.groups, self.tasks, self.path)
@@ -219,20 +253,25 @@ def _number(value, path: Path, lineno: int, metric: str) -> float:
 
 
 def _read_samples(path: Path, metric: str) -> dict[int, dict]:
-    """``{doc_id: {"values": [...], "hashes": (doc_hash, target_hash, prompt_hash)}}`` for the metric's filter."""
+    """``{doc_id: {"value", "hashes": (doc_hash, target_hash, prompt_hash), "line", "doc"}}`` for the
+    metric's filter. A doc recorded twice is refused unless the two records agree."""
     name, filt = metric.split(",", 1)
 
     def parse(lineno: int, rec: dict):
         if rec["filter"] != filt:
             return None
-        return int(rec["doc_id"]), (rec["doc_hash"], rec["target_hash"], rec["prompt_hash"]), rec[name]
+        return int(rec["doc_id"]), (rec["doc_hash"], rec["target_hash"], rec["prompt_hash"]), rec[name], rec.get("doc")
 
     items: dict[int, dict] = {}
-    for lineno, (doc_id, hashes, value) in read_jsonl(path, parse, what="lm-eval samples"):
-        item = items.setdefault(doc_id, {"values": [], "hashes": hashes})
-        if item["hashes"][:2] != hashes[:2]:
-            raise ValueError(f"{path}:{lineno}: doc_id {doc_id} recorded twice with different doc_hash/target_hash")
-        item["values"].append(_number(value, path, lineno, name))
+    for lineno, (doc_id, hashes, value, doc) in read_jsonl(path, parse, what="lm-eval samples"):
+        number = _number(value, path, lineno, name)
+        if doc_id in items:
+            first = items[doc_id]
+            if (first["hashes"], first["value"]) != (hashes, number):
+                raise ValueError(f"{path}:{lineno}: doc_id {doc_id} is recorded twice with different "
+                                 f"{'hashes' if first['hashes'] != hashes else 'scores'} (first on line {first['line']})")
+            continue  # an identical duplicate record adds nothing
+        items[doc_id] = {"value": number, "hashes": hashes, "line": lineno, "doc": doc}
     return items
 
 
@@ -254,26 +293,34 @@ def _run_window(results: dict, results_file: Path) -> tuple[float, float] | None
     return start, end if start <= end <= longest else longest
 
 
-def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None) -> dict[tuple, tuple]:
-    """``{(task, doc_id, prompt_hash): (trace order, header, records)}`` over the folders' traces.
+def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None) -> tuple[dict, dict]:
+    """``{(task, doc_id, prompt_hash): (trace order, header, records)}`` over the folders' traces,
+    and ``{key: why}`` for the keys held only by traces written outside the run.
 
     Only traces created while the run was evaluating count (folders are often shared by
     several runs); the newest trace holding a key supplies all of that key's records.
     """
-    traces = sorted(
-        (t for d in folders for t in find_traces(d) if window is None or window[0] <= t.created <= window[1]),
-        key=lambda t: t.created,
-    )
-    index = {}
-    for order, trace in enumerate(traces):
+    index, foreign = {}, {}
+    inside = []
+    for trace in sorted((t for d in folders for t in find_traces(d)), key=lambda t: t.created):
+        if window is None or window[0] <= trace.created <= window[1]:
+            inside.append(trace)
+            continue
+        when = datetime.fromtimestamp(trace.created).isoformat(timespec="seconds")
+        why = (f"{trace.path} holds it but was written at {when}, outside this run's evaluation "
+               f"({datetime.fromtimestamp(window[0]).isoformat(timespec='seconds')} to "
+               f"{datetime.fromtimestamp(window[1]).isoformat(timespec='seconds')}), so it belongs to another run")
+        foreign.update({(i.task, i.doc_id, i.prompt_hash): why for i in trace.items})
+    for order, trace in enumerate(inside):
         grouped = defaultdict(list)
         for item in trace.items:
             grouped[(item.task, item.doc_id, item.prompt_hash)].append(item)
         index.update({k: (order, trace.header, tuple(v)) for k, v in grouped.items()})
-    return index
+    return index, foreign
 
 
-def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: dict) -> TaskScores:
+def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict],
+               cluster_field: str | None) -> TaskScores:
     counts = results.get("n-samples", {}).get(task)
     if counts is None:
         raise ValueError(f"{results_file}: task {task} has no n-samples entry")
@@ -301,13 +348,20 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
     doc_ids = np.array(sorted(items))
     recs = [items[d] for d in doc_ids]
     prompt_hashes = tuple(r["hashes"][2] for r in recs)
-    joined = tuple(traces.get((task, int(d), h), (None, None, ()))[2] for d, h in zip(doc_ids, prompt_hashes))
+    index, foreign = traces
+    joined = tuple(index.get((task, int(d), h), (None, None, ()))[2] for d, h in zip(doc_ids, prompt_hashes))
+    clusters = None
+    if cluster_field is not None:
+        missing = [int(d) for d, r in zip(doc_ids, recs) if not isinstance(r["doc"], dict) or cluster_field not in r["doc"]]
+        if missing:
+            raise ValueError(f"task {task}: {samples_path}: doc_id {missing[0]} has no doc field {cluster_field!r} "
+                             f"to cluster on ({len(missing)} of {len(recs)} items lack it)")
+        clusters = tuple(str(r["doc"][cluster_field]) for r in recs)
     return TaskScores(
         task=task,
         metric=key,
         doc_ids=doc_ids,
-        scores=np.array([np.mean(r["values"]) for r in recs]),
-        repeats=np.array([len(r["values"]) for r in recs]),
+        scores=np.array([r["value"] for r in recs]),
         doc_hashes=tuple(r["hashes"][0] for r in recs),
         target_hashes=tuple(r["hashes"][1] for r in recs),
         prompt_hashes=prompt_hashes,
@@ -316,11 +370,13 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         generation_kwargs=results.get("configs", {}).get(task, {}).get("generation_kwargs"),
         samples_path=samples_path,
         trace=joined if any(joined) else None,
+        clusters=clusters,
+        foreign_traces=foreign,
     )
 
 
 def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
-             tasks: Sequence[str] | None = None) -> Run:
+             tasks: Sequence[str] | None = None, cluster_field: str | None = None) -> Run:
     """Load an lm-eval run: a results file, a model folder or an ``--output_path`` folder.
 
     A folder gives its latest results file. ``metric`` overrides each task's main metric
@@ -329,6 +385,8 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     tasks or groups (expanded to their leaf tasks); default: every leaf task. Cost traces
     are read from the model folder and its parent; of those created while the run was
     evaluating, the newest holding an item's (task, doc_id, prompt_hash) supplies its records.
+    ``cluster_field`` names a doc field whose value clusters items (e.g. the source problem
+    of items that share one) for the cluster bootstrap.
     """
     results_file = _results_file(Path(path))
     results = _read_json(results_file)
@@ -341,13 +399,13 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     try:
         traces, trace_error = _trace_index([model_dir, model_dir.parent], _run_window(results, results_file)), None
     except ValueError as exc:  # a crashed run's trace in a shared folder must not block accuracies
-        traces, trace_error = {}, f"cannot read the cost traces: {exc}"
+        traces, trace_error = ({}, {}), f"cannot read the cost traces: {exc}"
     per_task = {}
     for task in selected:
         wanted = metric.get(task) if isinstance(metric, Mapping) else metric
-        per_task[task] = _load_task(task, results, results_file, wanted, traces)
+        per_task[task] = _load_task(task, results, results_file, wanted, traces, cluster_field)
     keys = [(s.task, d, h) for s in per_task.values() for d, h in zip(s.doc_ids.tolist(), s.prompt_hashes)]
-    used = dict(traces[k][:2] for k in keys if k in traces)  # trace order -> header
+    used = dict(traces[0][k][:2] for k in keys if k in traces[0])  # trace order -> header
     members = {g: tuple(_expand([g], groups, leaves, results_file)) for g in groups}
     return Run(
         path=results_file,
@@ -369,10 +427,12 @@ class PairedRuns:
     doc_ids: Mapping[str, np.ndarray]
     scores: Mapping[str, Mapping[str, np.ndarray]]
     runs: Mapping[str, tuple[Run, ...]]
+    clusters: Mapping[str, tuple] | None = None  # per task, the item clusters all runs agree on
 
     def resampler(self, *, n_resamples: int = 10_000, seed: int = 0) -> Resampler:
-        """Shared bootstrap resamples for every comparison among these runs (seeds averaged per item)."""
-        return Resampler(self.scores, n_resamples=n_resamples, seed=seed)
+        """Shared bootstrap resamples for every comparison among these runs (seeds averaged per
+        item; clusters resampled whole where the runs were loaded with ``cluster_field``)."""
+        return Resampler(self.scores, n_resamples=n_resamples, seed=seed, clusters=self.clusters or None)
 
     def accuracy(self, system: str, task: str | None = None) -> float:
         """Seed-averaged accuracy on one task, or the macro over tasks for ``None``."""
@@ -403,6 +463,7 @@ def pair_runs(runs: Mapping[str, Run | Sequence[Run]], *, tasks: Sequence[str] |
             raise ValueError(f"{name}: expected a Run or a non-empty sequence of Runs")
     labelled = [(f"{name}" + (f" (seed run {i})" if len(rs) > 1 else ""), r)
                 for name, rs in seeds.items() for i, r in enumerate(rs)]
+    _refuse_repeats(labelled)
     first_label, first = labelled[0]
     selected = first._leaves(tasks)
     for label, run in labelled:
@@ -416,6 +477,11 @@ def pair_runs(runs: Mapping[str, Run | Sequence[Run]], *, tasks: Sequence[str] |
         ref = first.tasks[task]
         for label, run in labelled[1:]:
             _check_items(task, first_label, ref, label, run.tasks[task])
+    clusters = {t: first.tasks[t].clusters for t in selected if first.tasks[t].clusters is not None}
+    for label, run in labelled[1:]:
+        theirs = {t: run.tasks[t].clusters for t in selected if run.tasks[t].clusters is not None}
+        if theirs and theirs != clusters:
+            raise ValueError(f"{first_label} and {label} cluster the items differently; load both with one cluster_field")
     scores = {
         name: {t: np.column_stack([r.tasks[t].scores for r in rs]) for t in selected} for name, rs in seeds.items()
     }
@@ -425,7 +491,18 @@ def pair_runs(runs: Mapping[str, Run | Sequence[Run]], *, tasks: Sequence[str] |
         doc_ids={t: first.tasks[t].doc_ids for t in selected},
         scores=scores,
         runs=seeds,
+        clusters=clusters or None,
     )
+
+
+def _refuse_repeats(labelled: list[tuple[str, Run]]) -> None:
+    """The same run twice (one results file, or a copy of it) would count as two seeds or systems."""
+    seen: dict[str, str] = {}
+    for label, run in labelled:
+        digest = hashlib.sha256(run.path.read_bytes()).hexdigest()
+        if digest in seen:
+            raise ValueError(f"{seen[digest]} and {label} are the same run ({run.path}); give each evaluation once")
+        seen[digest] = label
 
 
 def _check_items(task: str, la: str, a: TaskScores, lb: str, b: TaskScores) -> None:

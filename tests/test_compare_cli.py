@@ -40,7 +40,8 @@ def test_json_rows_match_an_independent_reading_of_the_samples(capsys):
     for task, (metric, filt) in MAIN.items():
         a, b = item_scores(TWIN, task, metric, filt), item_scores(LOOPED, task, metric, filt)
         row = out["tasks"][task]
-        assert set(row) == {"n", "baseline", "candidate", "delta", "ci", "pvalue", "mcnemar_pvalue", "equivalent"}
+        assert set(row) == {"n", "baseline", "candidate", "delta", "ci", "confidence", "pvalue", "pvalue_holm",
+                            "mcnemar_pvalue", "decided_by", "outcome", "equivalent", "warnings"}
         assert row["n"] == len(a)
         assert (row["baseline"], row["candidate"]) == pytest.approx((a.mean(), b.mean()))
         assert row["delta"] == pytest.approx(b.mean() - a.mean())
@@ -75,8 +76,9 @@ def test_seed_and_resamples_make_the_output_deterministic(capsys):
 def test_tasks_groups_and_metric_options(capsys):
     only = run_json(capsys, TWIN, LOOPED, "--tasks", "toy_arith", "--n-resamples", "1000")
     assert list(only["tasks"]) == ["toy_arith"]
-    assert {k: v for k, v in only["macro"].items() if k != "mcnemar_pvalue"} == {
-        k: v for k, v in only["tasks"]["toy_arith"].items() if k != "mcnemar_pvalue"}
+    per_task = ("mcnemar_pvalue", "pvalue_holm", "warnings")  # a macro has no McNemar and no task family
+    assert {k: v for k, v in only["macro"].items() if k not in per_task} == {
+        k: v for k, v in only["tasks"]["toy_arith"].items() if k not in per_task}
     group = run_json(capsys, TWIN, LOOPED, "--tasks", "toy_core", "--n-resamples", "1000")
     assert set(group["tasks"]) == set(MAIN)
     norm = run_json(capsys, TWIN, LOOPED, "--tasks", "toy_mc", "--metric", "acc_norm", "--n-resamples", "1000")
@@ -84,10 +86,9 @@ def test_tasks_groups_and_metric_options(capsys):
     assert norm["tasks"]["toy_mc"]["delta"] == pytest.approx(b.mean() - a.mean())
 
 
-def test_identical_runs_are_equivalent(capsys):
-    out = run_json(capsys, TWIN, TWIN, "--n-resamples", "1000")
-    for row in (*out["tasks"].values(), out["macro"]):
-        assert row["delta"] == 0 and row["pvalue"] == 1 and row["ci"] == [0, 0] and row["equivalent"] is True
+def test_the_same_run_twice_is_refused(capsys):
+    assert main(["compare", TWIN, TWIN]) == 2
+    assert "baseline and candidate are the same run" in capsys.readouterr().err
 
 
 def test_table_shows_points_per_task_and_the_macro(capsys):

@@ -24,6 +24,7 @@ SETTINGS = {
     "looped_plain_0.5x": "pretrained=toy/looped,p=0.7,seed=1,cost=1.25,budget_scale=0.5",
     "twin_bf_1x": "pretrained=toy/twin,p=0.5,seed=0,budget_forcing=true",
     "looped_bf_1x": "pretrained=toy/looped,p=0.7,seed=1,cost=1.25,budget_forcing=true",
+    "larger": "pretrained=toy/big,p=0.8,seed=2,params=2e6,layers=8",
 }
 
 
@@ -50,9 +51,13 @@ def _item_scores(run: Path, task: str) -> np.ndarray:
     return np.array([np.mean(by_doc[d]) for d in sorted(by_doc)])
 
 
-def _trace_flops(run: Path) -> float:
+def _trace_cost(run: Path, mode: str) -> float:
+    """A run's cost straight from its trace file: FLOPs, or generated tokens x layer passes."""
     (file,) = run.rglob("loopeval_trace_*.jsonl")
-    return sum(json.loads(line)["flops"] for line in file.read_text().splitlines()[1:])
+    items = [json.loads(line) for line in file.read_text().splitlines()[1:]]
+    if mode == "flops":
+        return sum(i["flops"] for i in items)
+    return sum(i["generated_tokens"] * i["passes_per_token"] for i in items)
 
 
 def test_report_numbers_equal_loopeval_stats(runs):
@@ -69,10 +74,11 @@ def test_report_numbers_equal_loopeval_stats(runs):
     assert plain.param.tasks["toy_arith"].equivalence_ci == pytest.approx(tuple(eq.ci))
     row = next(r for r in data.decoding if r["setting"] == "looped")
     assert row["macro"] == pytest.approx(np.mean([looped[t].mean() for t in TASKS]))
-    base = _trace_flops(runs / "twin_plain_1x")
-    costs = {f.result.loop: f.loop_cost for f in plain.flop_rows}
-    assert costs["looped @ 0.5×"] == pytest.approx(_trace_flops(runs / "looped_plain_0.5x") / base)
-    assert costs["looped @ 1×"] == pytest.approx(_trace_flops(runs / "looped_plain_1x") / base)
+    for mode, column in (("passes", "loop_cost"), ("flops", "loop_other_cost")):  # the paper's charge, and FLOPs
+        base = _trace_cost(runs / "twin_plain_1x", mode)
+        costs = {f.result.loop: getattr(f, column) for f in plain.flop_rows}
+        assert costs["looped @ 0.5×"] == pytest.approx(_trace_cost(runs / "looped_plain_0.5x", mode) / base)
+        assert costs["looped @ 1×"] == pytest.approx(_trace_cost(runs / "looped_plain_1x", mode) / base)
     assert plain.verdict.sentences[0].startswith("Equal parameters: the loop beats its twin by")
     html = render(data)
     assert f"{100 * np.mean([twin[t].mean() for t in TASKS]):.1f} → " in html
@@ -207,3 +213,144 @@ def test_report_in_headless_chromium(demo, tmp_path):
     subprocess.run([chromium, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],
                    capture_output=True, timeout=120)
     assert shot.stat().st_size > 50_000
+
+
+# -- variants, seeds and the paper's remaining tables -------------------------------------------
+
+
+def test_runs_without_seeds_are_refused_and_explicit_seeds_pair_by_seed(runs, tmp_path, make_runs):
+    from loopeval.report import RunSpec
+    from loopeval.stats import order_interval
+
+    make_runs.make_run(tmp_path / "twin_s1", "pretrained=toy/twin,p=0.55,seed=5", tasks=TASKS)
+    make_runs.make_run(tmp_path / "looped_s1", "pretrained=toy/looped,p=0.6,seed=6,cost=1.25", tasks=TASKS)
+    twins = [runs / "twin_plain_1x", tmp_path / "twin_s1"]
+    loops = [runs / "looped_plain_1x", tmp_path / "looped_s1"]
+    with pytest.raises(ValueError, match=r"2 runs of twin @ 1× but .*twin_plain_1x, .*twin_s1 has no training seed"):
+        build_report(twins, loops)
+    with pytest.warns(UserWarning, match="training manifest"):
+        data = build_report([RunSpec(p, seed=s) for p, s in zip(twins, (0, 1))],
+                            [RunSpec(p, seed=s) for p, s in zip(loops, (0, 1))], n_resamples=1000)
+    (plain,) = data.conditions
+    assert plain.param.seeds.n == 2 and len(plain.param.per_seed) == 2
+    for s, (t, loop) in enumerate(zip(twins, loops)):
+        a = {task: _item_scores(t, task) for task in TASKS}
+        b = {task: _item_scores(loop, task) for task in TASKS}
+        assert plain.param.per_seed[s].delta == pytest.approx(np.mean([b[k].mean() - a[k].mean() for k in TASKS]))
+    ref = order_interval({"seeds": [s.delta for s in plain.param.per_seed]})
+    assert plain.seed_interval.ci == pytest.approx(tuple(ref.ci))
+    with pytest.raises(ValueError, match="share a training seed"):
+        build_report([RunSpec(p, seed=0) for p in twins], [RunSpec(p, seed=s) for p, s in zip(loops, (0, 1))])
+
+
+def test_the_best_cheaper_search_spans_every_twin_variant(runs, tmp_path, make_runs):
+    from loopeval.report import RunSpec
+
+    # a twin fine-tuned longer: more accurate, as cheap per token
+    make_runs.make_run(tmp_path / "twin_3x", "pretrained=toy/twin3,p=0.66,seed=0", tasks=TASKS)
+    twins = [runs / "twin_plain_1x", runs / "twin_plain_0.5x", RunSpec(tmp_path / "twin_3x", variant="3x FT")]
+    with pytest.warns(UserWarning):
+        data = build_report(twins, [runs / "looped_plain_1x", runs / "looped_plain_0.5x"], n_resamples=1000)
+    rows = {row.result.loop: row.result for row in data.conditions[0].flop_rows}
+    chosen = rows["looped @ 1×"]
+    assert set(chosen.costs) == {"twin @ 1×", "twin @ 0.5×", "twin, 3x FT @ 1×"}
+    eligible = {n: a for n, a in chosen.accuracies.items() if chosen.costs[n] <= chosen.loop_cost}
+    assert chosen.comparator == max(eligible, key=eligible.get) == "twin, 3x FT @ 1×"  # the variant that won
+
+
+def test_a_training_free_loop_is_decided_by_exact_mcnemar(tmp_path, make_runs):
+    from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
+
+    from loopeval.protocol import delta_param
+    from loopeval.runs import load_run
+
+    kinds = {"twin": "pretrained=toy/twin,p=0.5,seed=0,weights=w0",
+             "free": "pretrained=toy/looped,p=0.62,seed=1,cost=1.25,weights=w0",  # the twin's own weights
+             "trained": "pretrained=toy/looped,p=0.62,seed=1,cost=1.25,weights=w1"}
+    for name, args in kinds.items():
+        make_runs.make_run(tmp_path / name, args, tasks=["toy_arith"])
+    twin = load_run(tmp_path / "twin")
+    free = delta_param(twin, load_run(tmp_path / "free"), n_resamples=1000)
+    trained = delta_param(twin, load_run(tmp_path / "trained"), n_resamples=1000)
+    assert (free.test, trained.test) == ("mcnemar", "bootstrap")
+    a, b = _item_scores(tmp_path / "twin", "toy_arith"), _item_scores(tmp_path / "free", "toy_arith")
+    table = [[np.sum((a == 1) & (b == 1)), np.sum((a == 1) & (b == 0))], [np.sum((a == 0) & (b == 1)), np.sum((a == 0) & (b == 0))]]
+    exact = sm_mcnemar(table, exact=True).pvalue
+    assert free.macro.pvalue_decisive == pytest.approx(exact) and free.macro.decided_by == "mcnemar"
+    assert free.tasks["toy_arith"].pvalue_decisive == pytest.approx(exact)
+    assert trained.macro.pvalue_decisive == trained.macro.pvalue  # the bootstrap decides a trained loop
+    # a sampled (AIME-style) task is not deterministic: the bootstrap decides
+    make_runs.make_run(tmp_path / "twin_s", "pretrained=toy/twin,p=0.5,seed=0,weights=w0", tasks=TASKS)
+    make_runs.make_run(tmp_path / "free_s", "pretrained=toy/looped,p=0.62,seed=1,cost=1.25,weights=w0", tasks=TASKS)
+    assert delta_param(load_run(tmp_path / "twin_s"), load_run(tmp_path / "free_s"), n_resamples=500).test == "bootstrap"
+
+
+def test_the_appendix_tables_equal_loopeval_stats(runs):
+    import math
+
+    from statsmodels.stats.multitest import multipletests
+
+    with pytest.warns(UserWarning):
+        data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), larger=runs / "larger", sizes=(4e9, 9e9),
+                            n_resamples=2000)
+    plain = next(c for c in data.conditions if c.condition == "plain")
+    raw = [plain.param.tasks[t].pvalue for t in plain.param.tasks]
+    assert [plain.param.tasks[t].pvalue_holm for t in plain.param.tasks] == pytest.approx(
+        list(multipletests(raw, method="holm")[1]))  # Table 8
+    # §B.1: the items both finish, read from the trace files
+    for task, n in plain.finished_both.finished.items():
+        done = {}
+        for side in ("twin_plain_1x", "looped_plain_1x"):
+            (file,) = (runs / side).rglob("loopeval_trace_*.jsonl")
+            for rec in map(json.loads, file.read_text().splitlines()[1:]):
+                if rec["task"] == task:
+                    done[(side, rec["doc_id"])] = done.get((side, rec["doc_id"]), True) and rec["finished"]
+        ids = {d for (_, d) in done}
+        both = [d for d in sorted(ids) if done[("twin_plain_1x", d)] and done[("looped_plain_1x", d)]]
+        assert n == len(both)
+        a, b = _item_scores(runs / "twin_plain_1x", task)[both], _item_scores(runs / "looped_plain_1x", task)[both]
+        row = plain.finished_both.comparison.tasks[task]
+        assert (row.baseline_accuracy, row.candidate_accuracy) == pytest.approx((a.mean(), b.mean()))
+    # Table 5: Eq. 4 by hand, the twin as the small model, the larger model's accuracy from its samples
+    small = np.mean([_item_scores(runs / "twin_plain_1x", t).mean() for t in TASKS])
+    large = np.mean([_item_scores(runs / "larger", t).mean() for t in TASKS])
+    assert data.ceiling.delta_star == pytest.approx(math.log(1.25) / math.log(9 / 4) * (large - small))
+    # Table 3's lower rows: the larger model costs more than the loop, and is compared all the same
+    row = next(r.result for r in plain.flop_rows if r.result.loop == "looped @ 1×")
+    assert row.costs["larger @ 1×"] > row.loop_cost and "larger @ 1×" in row.costlier
+    assert row.costlier["larger @ 1×"].macro.baseline_accuracy == pytest.approx(large)
+
+
+def test_bad_comparators_are_refused(runs):
+    with pytest.raises(ValueError, match=r"given as --larger, but its trace records a loop \(1:2x2\)"):
+        build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), larger=runs / "looped_bf_1x")
+    with pytest.raises(ValueError, match="twin_plain_1x is given twice"):
+        build_report([*_pick(runs, "twin_"), runs / "twin_plain_1x"], _pick(runs, "looped_"))
+
+
+def test_cli_writes_figures_and_latex_and_refuses_bad_output_before_any_work(runs, tmp_path, capsys, monkeypatch):
+    twins, loops = [str(p) for p in _pick(runs, "twin_")], [str(p) for p in _pick(runs, "looped_")]
+    out = tmp_path / "r.html"
+    args = ["report", "--twin", *twins, "--looped", *loops, "--n-resamples", "300"]
+    with pytest.warns(UserWarning):
+        assert main([*args, "--out", str(out), "--latex", "--json", str(tmp_path / "r.json")]) == 0
+    for name in ("r.html", "r_cost.pdf", "r_cost.png", "r_tables.tex", "r.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    tex = (tmp_path / "r_tables.tex").read_text()
+    assert tex.count(r"\begin{table}") == 4 and r"\toprule" in tex and "budget forcing" in tex
+    assert "Equal parameters: the loop beats its twin" in capsys.readouterr().out
+
+    import loopeval.report
+
+    monkeypatch.setattr(loopeval.report, "build_report", lambda *a, **k: pytest.fail("computed before the check"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for bad, message in [(["--out", str(tmp_path)], "is a folder"),
+                         (["--out", str(blocker / "r.html")], "is a file, not a folder"),
+                         (["--json", str(blocker / "r.json")], "--json .* is a file, not a folder"),
+                         (["--template", str(tmp_path / "none.j2")], "--template .*none.j2: no such template"),
+                         (["--seed", "runs/x=1"], "--seed/--variant name runs/x, which is not among the runs"),
+                         (["--seed", f"{twins[0]}=one"], "--seed='one': expected a whole number")]:
+        assert main([*args, *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and __import__("re").search(message, err), (bad, err)

@@ -35,19 +35,20 @@ def raw_scores(results: Path, task: str, metric: str, filt: str) -> dict[int, fl
 
 
 def raw_trace(*paths: Path) -> dict[tuple, list[float]]:
-    """``{(task, doc_id): [flops, tokens]}`` summed over the records of the given trace files."""
+    """``{(task, doc_id): [flops, tokens, layer passes]}`` summed over the records of the given trace files."""
     out = {}
     for path in paths:
         for line in path.read_text().splitlines()[1:]:
             rec = json.loads(line)
-            total = out.setdefault((rec["task"], rec["doc_id"]), [0.0, 0])
+            total = out.setdefault((rec["task"], rec["doc_id"]), [0.0, 0, 0])
             total[0] += rec["flops"]
             total[1] += rec["prompt_tokens"] + rec["generated_tokens"]
+            total[2] += rec["generated_tokens"] * rec["passes_per_token"]
     return out
 
 
 def total_flops(*paths: Path) -> float:
-    return sum(f for f, _ in raw_trace(*paths).values())
+    return sum(f for f, _, _ in raw_trace(*paths).values())
 
 
 def copy_run(tmp_path: Path, folder: str) -> Path:
@@ -117,15 +118,19 @@ def test_repeated_answers_are_one_item_scored_by_their_mean():
     assert all(len(recs) == 4 for recs in aime.trace)  # four traced generations per problem
 
 
-def test_duplicate_records_of_an_item_are_averaged(tmp_path):
+def test_duplicate_records_of_an_item_collapse_when_identical_and_are_refused_otherwise(tmp_path):
     folder = copy_run(tmp_path, "twin")
     path = samples(sorted(folder.glob("*/results_*.json"))[-1], "toy_arith")
     lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines + [lines[0]]) + "\n")  # the same record twice
+    assert load_run(folder, tasks=["toy_arith"]).tasks["toy_arith"].accuracy == load_run(
+        RUNS / "twin", tasks=["toy_arith"]).tasks["toy_arith"].accuracy
     first = json.loads(lines[0])
     first["exact_match"] = 1 - first["exact_match"]
     path.write_text("\n".join(lines + [json.dumps(first)]) + "\n")
-    scores = load_run(folder, tasks=["toy_arith"]).tasks["toy_arith"]
-    assert scores.scores[first["doc_id"]] == 0.5 and scores.repeats[first["doc_id"]] == 2
+    with pytest.raises(ValueError, match=rf"samples_toy_arith_.*:{len(lines) + 1}: doc_id {first['doc_id']} is "
+                                         r"recorded twice with different scores \(first on line 1\)"):
+        load_run(folder, tasks=["toy_arith"])
 
 
 def test_task_and_group_selection():
@@ -158,8 +163,10 @@ def test_trace_costs_join_on_task_doc_id_and_prompt_hash(folder, traces):
         scores = run.tasks[task]
         np.testing.assert_allclose(scores.flops, [truth[(task, d)][0] for d in scores.doc_ids])
         np.testing.assert_array_equal(scores.tokens, [truth[(task, d)][1] for d in scores.doc_ids])
-    assert run.cost(TRACED) == pytest.approx(sum(f for f, _ in truth.values()))
-    assert run.cost(TRACED, flops_per_token=3.0) == pytest.approx(3.0 * sum(t for _, t in truth.values()))
+    assert run.cost(TRACED, mode="flops") == pytest.approx(sum(f for f, _, _ in truth.values()))
+    assert run.cost(TRACED, mode="flops", flops_per_token=3.0) == pytest.approx(3.0 * sum(t for _, t, _ in truth.values()))
+    # the paper's charge: generated tokens x layer passes, in units of the model's average layer (1e6 / 4)
+    assert run.cost(TRACED) == pytest.approx(2.5e5 * sum(p for _, _, p in truth.values()))
     with pytest.raises(ValueError, match="task toy_mc: no loopeval cost trace"):
         run.cost()
 
@@ -305,7 +312,7 @@ def test_a_fresh_lm_eval_run_loads(tmp_path, make_runs):
     assert run.path.parent == model_dir
     for task, scores in run.tasks.items():
         assert scores.accuracy == pytest.approx(results["results"][task][scores.metric])
-    assert run.cost(TRACED) == pytest.approx(total_flops(*(tmp_path / "out").glob("loopeval_trace_*")))
+    assert run.cost(TRACED, mode="flops") == pytest.approx(total_flops(*(tmp_path / "out").glob("loopeval_trace_*")))
 
 
 # ---------------------------------------------------------------- the two tests
@@ -336,22 +343,37 @@ def test_delta_param_over_seeds_counts_seeds_favouring_the_loop():
     assert res.macro.delta == pytest.approx(np.mean(per_seed))
 
 
-def test_identical_runs_are_equivalent_and_fail_the_first_test():
+def test_the_same_run_twice_is_refused_and_near_identical_runs_are_equivalent(tmp_path):
     twin = load_run(RUNS / "twin")
-    res = delta_param(twin, twin, n_resamples=2000)
-    assert res.macro.delta == 0 and res.macro.pvalue == 1 and res.macro.outcome == "equivalent"
+    with pytest.raises(ValueError, match=r"twin and looped are the same run"):
+        delta_param(twin, twin)
+    copy = copy_run(tmp_path, "twin")
+    with pytest.raises(ValueError, match=r"are the same run"):  # a copy of the folder is no second evaluation
+        delta_param(twin, load_run(copy))
+    path = samples(sorted(copy.glob("*/results_*.json"))[-1], "toy_arith")
+    rewrite_samples(path, lambda recs: [{**r, "exact_match": 1 - r["exact_match"]} if r["doc_id"] == 0 else r
+                                        for r in recs])
+    results = sorted(copy.glob("*/results_*.json"))[-1]
+    results.write_text(results.read_text().replace('"date"', '"date" ', 1))  # another evaluation's file
+    res = delta_param(twin, load_run(copy), n_resamples=2000)
+    assert abs(res.macro.delta) == pytest.approx(1 / 60 / 3) and res.macro.outcome == "equivalent"
     v = verdict(res)
     assert (v.param, v.flop, v.passes_param, v.passes_flop) == ("equivalent", None, False, None)
     assert "not meaningful" in v.text
 
 
-def test_delta_flop_picks_the_best_cheaper_evaluation_and_holm_corrects_budgets():
+@pytest.mark.parametrize("mode", ["flops", "passes"])
+def test_delta_flop_picks_the_best_cheaper_evaluation_and_holm_corrects_budgets(mode):
     unlooped = {"twin": load_run(RUNS / "twin"), "twin_long": load_run(RUNS / "twin_long"),
                 "big": load_run(RUNS / "big")}
     looped = {"loop@new": load_run(RUNS / "looped"), "loop@old": load_run(results_file("looped", 0))}
-    tests = delta_flop(unlooped, looped, twins={"loop@new": "twin"}, tasks=TRACED, n_resamples=4000)
-    costs = {name: total_flops(*r.path.parent.glob("loopeval_trace_*")) for name, r in unlooped.items()}
-    assert tests[0].costs == pytest.approx(costs)
+    tests = delta_flop(unlooped, looped, twins={"loop@new": "twin"}, tasks=TRACED, cost=mode, n_resamples=4000)
+    # independently: FLOPs summed from the trace files, or generated tokens x passes per token x (1e6 / 4)
+    column = {"flops": 0, "passes": 2}[mode]
+    unit = {"flops": 1.0, "passes": 2.5e5}[mode]
+    costs = {name: unit * sum(v[column] for v in raw_trace(*r.path.parent.glob("loopeval_trace_*")).values())
+             for name, r in unlooped.items()}
+    assert tests[0].costs == pytest.approx(costs) and tests[0].cost_mode == mode
     assert costs["big"] > tests[0].loop_cost > costs["twin_long"] > costs["twin"]
     acc = {name: r.accuracy(TRACED) for name, r in unlooped.items()}
     assert acc["big"] > acc["twin_long"] > acc["twin"]  # big is best but costs more than the loop
@@ -363,13 +385,26 @@ def test_delta_flop_picks_the_best_cheaper_evaluation_and_holm_corrects_budgets(
     raw = [t.comparison.macro.pvalue for t in tests]
     assert [t.pvalue_holm for t in tests] == pytest.approx(list(multipletests(raw, method="holm")[1]))
     assert tests[1].twin is None and tests[1].twin_comparison is None
+    assert set(new.other_costs) == {"twin", "twin_long", "big", "loop@new"}
+
+
+def test_cost_by_passes_is_table_4s_arithmetic():
+    """Table 4's cost column: each setting's generated tokens x layer passes, relative to the
+    plain twin; a loop of 5 passes instead of 4 costs 1.25x per generated token."""
+    twin, looped = load_run(RUNS / "twin"), load_run(RUNS / "looped")
+    gen = {name: sum(r["generated_tokens"] for r in map(json.loads, trace.read_text().splitlines()[1:]))
+           for name, trace in (("twin", max((RUNS / "twin").rglob("loopeval_trace_*"))),
+                               ("looped", max((RUNS / "looped").glob("loopeval_trace_*"))))}
+    relative = looped.cost(TRACED) / twin.cost(TRACED)
+    assert relative == pytest.approx(gen["looped"] * 5 / (gen["twin"] * 4))
 
 
 def test_delta_flop_with_a_flops_per_token_figure_and_without_a_cheaper_comparator():
     unlooped = {"twin": load_run(RUNS / "twin"), "big": load_run(RUNS / "big")}
     looped = {"loop": load_run(RUNS / "looped")}
-    cheap_big = delta_flop(unlooped, looped, tasks=TRACED, flops_per_token={"big": 1.0}, n_resamples=1000)[0]
-    assert cheap_big.costs["big"] == unlooped["big"].cost(TRACED, flops_per_token=1.0)
+    cheap_big = delta_flop(unlooped, looped, tasks=TRACED, cost="flops", flops_per_token={"big": 1.0},
+                           n_resamples=1000)[0]
+    assert cheap_big.costs["big"] == unlooped["big"].cost(TRACED, mode="flops", flops_per_token=1.0)
     assert cheap_big.comparator == "big"
     none = delta_flop({"big": unlooped["big"]}, looped, tasks=TRACED, n_resamples=1000)[0]
     assert none.comparator is None and none.comparison is None and none.outcome == "untestable"

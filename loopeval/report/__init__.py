@@ -23,18 +23,24 @@ from pathlib import Path
 from loopeval.report import checks, evaluations, figures, tables
 from loopeval.report.checks import Check
 from loopeval.report.data import ReportData
-from loopeval.report.render import render, write_report
-from loopeval.runs import Run
+from loopeval.report.evaluations import RunSpec
+from loopeval.report.render import check_output, render, write_report
+from loopeval.runs import COST_MODES, Run
 
-__all__ = ["Check", "ReportData", "build_report", "render", "write_report"]
+__all__ = ["Check", "ReportData", "RunSpec", "build_report", "check_output", "render", "write_report"]
+
+RunSource = str | Path | Run | RunSpec
 
 
 def build_report(
-    twin: list[str | Path | Run],
-    looped: list[str | Path | Run],
+    twin: list[RunSource],
+    looped: list[RunSource],
     *,
-    larger: str | Path | Run | None = None,
+    larger: RunSource | None = None,
+    sizes: tuple[float, float] | None = None,
     default_scale: float = 1.0,
+    cost: str = "passes",
+    selection: str = "fixed",
     title: str | None = None,
     strict: bool = False,
     n_resamples: int = 10_000,
@@ -42,34 +48,60 @@ def build_report(
 ) -> ReportData:
     """Compute the two-test report from lm-eval output folders (or loaded runs).
 
-    ``twin``: the unlooped twin's evaluations; ``looped``: the looped model's (for
-    several training seeds, one of each per seed). Each evaluation's loop, budget scale
-    and decoding rules come from its trace. ``larger`` is an optional larger unlooped
-    model, a further equal-FLOPs comparator. Bad input raises ``ValueError`` naming
-    the run; with ``strict``, so does a failed fairness check.
+    ``twin``: the unlooped twin's evaluations; ``looped``: the looped model's, one per
+    budget scale, decoding condition, training variant and training seed (each read
+    from its trace and manifest, or given by a :class:`RunSpec`). ``larger`` is an
+    optional larger unlooped model: a further comparator, shown where it costs more
+    (Table 3's lower rows), and with ``sizes`` (small, large parameter counts) the
+    ceiling of Eq. 4 (Table 5). ``cost`` charges layer passes (the paper's rule) or
+    FLOPs; ``selection`` picks the best cheaper comparator once or in every resample.
+    Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
+    fairness check.
     """
+    if cost not in COST_MODES:
+        raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
     evals, extra = evaluations.classify(twin, looped, larger)
     groups = evaluations.group(evals)
-    base_cost = tables.reference(groups, default_scale).run.cost()
+    reference = tables.reference(groups, default_scale).run
+    base_costs = {}
+    for mode in COST_MODES:
+        try:
+            base_costs[mode] = reference.cost(mode=mode)
+        except ValueError:
+            if mode == cost:
+                raise
     tasks = sorted(evals[0].run.tasks)
     first_looped = next(e for e in evals if e.looped)
+    conditions = tables.conditions(groups, extra, default_scale=default_scale, base_costs=base_costs, cost=cost,
+                                   selection=selection, n_resamples=n_resamples, seed=seed)
+    ceiling = None
+    if extra is not None:
+        plain = next((c for c in conditions if c.condition == extra.condition), None)
+        twin_eval = next(e for e in evals if not e.looped and e.condition == extra.condition)
+        if plain is not None and (sizes is not None or extra.header.cost.get("layer_params")):
+            ceiling = tables.ceiling(plain, twin_eval, extra, first_looped.header.multiplier, sizes)
     data = ReportData(
         title=title or f"Does the loop {first_looped.header.loop['loop']} pay for its compute?",
         created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         loop=first_looped.header.loop["loop"],
         multiplier=first_looped.header.multiplier,
+        cost_mode=cost,
+        selection=selection,
         tasks=tasks,
-        conditions=tables.conditions(groups, extra, default_scale=default_scale, base_cost=base_cost,
-                                     n_resamples=n_resamples, seed=seed),
-        decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_cost=base_cost),
-        figure=figures.cost_figure(groups, extra, base_cost, n_resamples=min(n_resamples, 2000), seed=seed),
+        conditions=conditions,
+        decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_costs=base_costs),
+        figure=figures.cost_series(groups, extra, base_costs[cost], cost=cost, n_resamples=min(n_resamples, 2000),
+                                   seed=seed),
         checks=checks.fairness_checks(evals, groups),
         runs=[
             {"name": e.where.name, "path": str(e.where), "setting": evaluations.label(*e.key),
-             "seed": e.seed, "accuracy": e.run.accuracy(), "cost": e.run.cost() / base_cost}
-            for e in sorted(evals, key=lambda e: (*e.key, e.seed))
+             "seed": e.seed, "accuracy": e.run.accuracy(), "cost": e.run.cost(mode=cost) / base_costs[cost]}
+            for e in sorted(evals, key=lambda e: (*e.key, e.seed or 0))
         ],
+        ceiling=ceiling,
         strict=strict,
+        notes=[f"{c.label}, {row.task or 'macro'}: {w}" for c in conditions
+               for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings],
     )
     if data.failed_checks:
         message = "; ".join(f"{c.name}: {c.detail}" for c in data.failed_checks)

@@ -23,34 +23,40 @@ class Check:
     detail: str
 
 
+def _seed_order(evals: list[Evaluation]) -> list[Evaluation]:
+    return sorted(evals, key=lambda e: (e.seed is None, e.seed or 0))
+
+
 def decoding_checks(groups: dict) -> list[Check]:
-    """Each looped evaluation against the twin at the same budget and rules, seed by seed."""
+    """Each looped evaluation against the twin of its variant at the same budget and rules, seed by seed."""
     out = []
-    for (lp, forcing, scale), members in sorted(groups.items()):
+    for (lp, cond, variant, scale), members in sorted(groups.items()):
         if not lp:
             continue
-        twins = sorted(groups.get((False, forcing, scale), []), key=lambda e: e.seed)
-        for a, b in zip(sorted(members, key=lambda e: e.seed), twins):
+        twins = _seed_order(groups.get((False, cond, variant, scale), []))
+        for a, b in zip(_seed_order(members), twins):
             diffs = decoding_differences(a.run, b.run)
-            out.append(Check(f"same decoding settings: {label(True, forcing, scale)} vs twin (seed {a.seed})",
+            seed = f"seed {a.seed}" if a.seed is not None else "one seed"
+            out.append(Check(f"same decoding settings: {label(True, cond, variant, scale)} vs twin ({seed})",
                              not diffs, "; ".join(diffs) or f"{', '.join(SHARED)} and generation kwargs match"))
     return out
 
 
 def manifest_checks(evals: list[Evaluation]) -> list[Check]:
-    looped = {e.seed: e for e in evals if e.looped and e.manifest}
-    twins = {e.seed: e for e in evals if not e.looped and e.manifest}
+    """Looped model and twin of each training variant and seed share their training manifest."""
+    looped = {(e.variant, e.seed): e for e in evals if e.looped and e.manifest}
+    twins = {(e.variant, e.seed): e for e in evals if not e.looped and e.manifest}
     if not looped and not twins:
         return [Check("twins share their training manifest", False,
                       "no training_manifest.json beside the evaluated checkpoints; twin training cannot be confirmed")]
     out = []
-    for seed in sorted(set(looped) | set(twins)):
-        if seed not in looped or seed not in twins:
-            out.append(Check(f"twins share their training manifest (seed {seed})", False,
-                             "only one side of this seed has a training manifest"))
+    for key in sorted(set(looped) | set(twins), key=str):
+        name = f"twins share their training manifest ({', '.join(str(k) for k in key if k not in ('', None))})"
+        if key not in looped or key not in twins:
+            out.append(Check(name, False, "only one side of this variant and seed has a training manifest"))
             continue
-        diffs = twin_mismatches(looped[seed].manifest, twins[seed].manifest)
-        out.append(Check(f"twins share their training manifest (seed {seed})", not diffs,
+        diffs = twin_mismatches(looped[key].manifest, twins[key].manifest)
+        out.append(Check(name, not diffs,
                          "; ".join(diffs) or "same base weights, data, batches, steps and seeds; only the loop differs"))
     return out
 

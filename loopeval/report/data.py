@@ -8,26 +8,39 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import numpy as np
 
 from loopeval.report.checks import Check
-from loopeval.report.tables import Condition
+from loopeval.report.tables import Ceiling, Condition
 
 
 @dataclass
 class ReportData:
     """The report's content. Numbers are fractions; templates format points with the
-    ``points``/``signed``/``pvalue`` filters. ``to_json`` writes it as JSON."""
+    ``points``/``signed``/``pvalue`` filters. ``to_json`` writes it as JSON.
+
+    ``cost_mode`` is how costs are charged ("passes": the paper's layer passes, or
+    "flops"); ``selection`` how the best cheaper comparator is chosen ("fixed" on the
+    test items, or "resampled" in every resample). ``figure`` holds the data of the
+    accuracy-against-cost figure, one series per curve.
+    """
 
     title: str
     created: str
     loop: str
     multiplier: float
+    cost_mode: str
+    selection: str
     tasks: list[str]
     conditions: list[Condition]
     decoding: list[dict]
-    figure: dict
+    figure: list[dict]
     checks: list[Check]
     runs: list[dict]
+    ceiling: Ceiling | None = None
     strict: bool = False
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def other_cost_mode(self) -> str:
+        return "flops" if self.cost_mode == "passes" else "passes"
 
     @property
     def failed_checks(self) -> list[Check]:

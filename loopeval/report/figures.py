@@ -1,10 +1,11 @@
-"""The report's figure: macro accuracy against inference cost (the paper's Figure 2),
-laid out in pixels so the template only draws it as inline SVG."""
+"""The report's figures, drawn with matplotlib: accuracy against inference cost (the
+paper's Figure 2). Each figure is data first (``cost_series``), then drawn
+(``draw_cost``), then written inline as SVG and beside the report as PDF and PNG."""
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
+import io
+from pathlib import Path
 
 import numpy as np
 
@@ -14,63 +15,66 @@ from loopeval.runs import pair_runs
 PALETTE = ("#1b6ca8", "#d1495b", "#00798c", "#edae49", "#66a182", "#8d5a97")
 
 
-def cost_figure(groups: dict, extra: Evaluation | None, base_cost: float, *, n_resamples: int, seed: int) -> dict:
-    """Accuracy (macro, %) against cost (x the plain twin at the default budget): one
-    curve per model and decoding rule, one point per budget, 95% bootstrap error bars."""
-    curves = defaultdict(list)
-    for (lp, forcing, scale), members in groups.items():
-        curves[label(lp, forcing)].append((scale, by_seed(members)))
+def cost_series(groups: dict, extra: Evaluation | None, base_cost: float, *, cost: str, n_resamples: int,
+                seed: int) -> list[dict]:
+    """One series per (looped, condition, variant) and for the larger model: one point per
+    budget, with the macro accuracy (seeds averaged per item), its 95% bootstrap interval,
+    and the cost relative to the reference."""
+    curves: dict[tuple, list] = {}
+    for (lp, cond, variant, scale), members in groups.items():
+        curves.setdefault((lp, cond, variant), []).append((scale, by_seed(members)))
     if extra is not None:
-        curves["larger" + (" + BF" if extra.forcing else "")].append((extra.scale, [extra.run]))
+        curves[(False, extra.condition, "larger")] = [(extra.scale, [extra.run])]
     series = []
-    for i, (name, pts) in enumerate(sorted(curves.items())):
-        points_ = []
-        for scale, runs in sorted(pts):
+    for i, ((lp, cond, variant), pts) in enumerate(sorted(curves.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))):
+        name = "larger" + ("" if cond == "plain" else f" + {cond}") if variant == "larger" else label(lp, cond, variant)
+        points = []
+        for scale, runs in sorted(pts, key=lambda p: p[0]):
             paired = pair_runs({name: runs})
             dist = paired.resampler(n_resamples=n_resamples, seed=seed).distribution(name)
             lo, hi = np.percentile(dist, [2.5, 97.5])
-            points_.append({"scale": scale, "x": float(np.mean([r.cost() for r in runs])) / base_cost,
-                            "y": paired.accuracy(name), "lo": float(lo), "hi": float(hi)})
-        series.append({"name": name, "color": PALETTE[i % len(PALETTE)], "points": points_,
-                       "dashed": "twin" in name or "larger" in name})
-    return _layout(series)
+            points.append({"scale": scale, "x": float(np.mean([r.cost(mode=cost) for r in runs])) / base_cost,
+                           "y": paired.accuracy(name), "lo": float(lo), "hi": float(hi)})
+        series.append({"name": name, "looped": lp, "color": PALETTE[i % len(PALETTE)], "points": points})
+    return series
 
 
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    span = hi - lo or 1.0
-    step = 10 ** math.floor(math.log10(span / n))
-    for m in (1, 2, 2.5, 5, 10):
-        if span / (step * m) <= n:
-            step *= m
-            break
-    start = math.floor(lo / step) * step
-    return [round(start + k * step, 10) for k in range(int(math.ceil((hi - start) / step)) + 1)]
+def draw_cost(series: list[dict], *, cost: str):
+    """Macro accuracy (%) against cost, 95% bars; looped filled and solid, unlooped open and dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    for i, s in enumerate(series):
+        pts = s["points"]
+        x = [p["x"] for p in pts]
+        y = [100 * p["y"] for p in pts]
+        err = [[100 * (p["y"] - p["lo"]) for p in pts], [100 * (p["hi"] - p["y"]) for p in pts]]
+        bars = ax.errorbar(x, y, yerr=err, color=s["color"], linestyle="-" if s["looped"] else "--", marker="o",
+                           markerfacecolor=s["color"] if s["looped"] else "white", capsize=3, label=s["name"])
+        bars.lines[0].set_gid(f"series-{i}")
+    charge = "layer passes" if cost == "passes" else "FLOPs"
+    ax.set_xlabel(f"inference cost, {charge} (× the plain twin at the default budget)")
+    ax.set_ylabel("macro accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
 
 
-def _layout(series: list[dict], width: int = 640, height: int = 380) -> dict:
-    """Pixel coordinates for the SVG figure, so the template only draws."""
-    left, right, top, bottom = 64, 180, 20, 48
-    xs = [p["x"] for s in series for p in s["points"]]
-    ys = [v for s in series for p in s["points"] for v in (p["lo"], p["hi"])]
-    xt = _nice_ticks(min(xs), max(xs))
-    yt = _nice_ticks(100 * min(ys), 100 * max(ys))
-    x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
+def svg(fig) -> str:
+    """The figure as an SVG element to inline in HTML (no XML prolog)."""
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg")
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]
 
-    def px(x):
-        return left + (x - x0) / ((x1 - x0) or 1) * (width - left - right)
 
-    def py(y):
-        return height - bottom - (100 * y - y0) / ((y1 - y0) or 1) * (height - top - bottom)
-
-    for s in series:
-        for p in s["points"]:
-            p.update(px=px(p["x"]), py=py(p["y"]), py_lo=py(p["lo"]), py_hi=py(p["hi"]))
-        s["path"] = " ".join(f"{'M' if i == 0 else 'L'}{p['px']:.1f},{p['py']:.1f}" for i, p in enumerate(s["points"]))
-    return {
-        "width": width,
-        "height": height,
-        "plot": {"left": left, "right": width - right, "top": top, "bottom": height - bottom},
-        "xticks": [{"px": px(t), "label": f"{t:g}"} for t in xt],
-        "yticks": [{"py": py(t / 100), "label": f"{t:g}"} for t in yt],
-        "series": series,
-    }
+def save(fig, stem: Path) -> list[Path]:
+    """Write ``stem.pdf`` and ``stem.png`` (200 dpi), for papers and slides."""
+    paths = [stem.with_suffix(".pdf"), stem.with_suffix(".png")]
+    for path in paths:
+        fig.savefig(path, dpi=200)
+    return paths
