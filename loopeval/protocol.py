@@ -40,6 +40,7 @@ from loopeval.stats import (
     seed_summary,
 )
 from loopeval.stats.display import points, pvalue as show_p
+from loopeval.stats.units import fraction
 
 RunLike = Run | Sequence[Run]
 TESTS = ("auto", "bootstrap", "mcnemar")
@@ -138,9 +139,7 @@ def _outcome(delta: float, pvalue: float, equivalent: bool, alpha: float) -> str
 def _check_options(confidence: float, margin: float, alpha: float) -> None:
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
-    if not 0 < margin < 1:
-        hint = " (fractions, not points: 2 points is 0.02)" if margin >= 1 else ""
-        raise ValueError(f"margin must be a fraction in (0, 1), got {margin!r}{hint}")
+    fraction("margin", margin, closed=False)
     family_level(confidence)
 
 

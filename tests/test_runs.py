@@ -204,8 +204,17 @@ def test_items_missing_from_the_trace_are_refused_when_costs_are_needed(tmp_path
     trace.write_text("\n".join(line for line in lines if '"doc_id": 7,' not in line or "toy_arith" not in line) + "\n")
     run = load_run(folder)
     assert run.tasks["toy_arith"].accuracy == load_run(RUNS / "twin").tasks["toy_arith"].accuracy
-    with pytest.raises(ValueError, match="toy_arith: 1 of 60 items have no trace record.*doc_id 7"):
+    with pytest.raises(ValueError, match="toy_arith: 1 of 60 items have no trace record.*doc_id 7.*--use_cache"):
         run.cost(["toy_arith"])
+    # the missing record sits in a trace written after the run: it belongs to another run, and the error says so
+    results = json.loads(run.path.read_text())
+    late = results["date"] + float(results["total_evaluation_time_seconds"]) + 60
+    items = [recs[0] for d, recs in zip(load_run(RUNS / "twin").tasks["toy_arith"].doc_ids,
+                                        load_run(RUNS / "twin").tasks["toy_arith"].trace) if d == 7]
+    _write_trace(trace.parent, late, 1.0, items)
+    with pytest.raises(ValueError, match=r"doc_id 7; .*loopeval_trace_.* holds it but was written at .*, outside this "
+                                         r"run's evaluation .*so it belongs to another run"):
+        load_run(folder).cost(["toy_arith"])
 
 
 def test_a_corrupt_trace_blocks_costs_but_not_accuracies(tmp_path):

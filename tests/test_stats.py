@@ -333,3 +333,29 @@ def test_display_formats_points_and_the_resampling_floor():
     assert points(-0.0004, signed=True) == "+0.0"
     assert pvalue(2 / 10_001) == "<0.001" and pvalue(0.005) == "0.005" and pvalue(0.55) == "0.55"
     assert pvalue(None) == "–"
+
+
+def test_units_are_fractions():
+    from loopeval.stats import best_cheaper, ceiling_gain, tost
+
+    with pytest.raises(ValueError, match=r"margin must be a fraction in \(0, 1\), got 2 \(fractions, not points: 2 points is 0.02\)"):
+        tost([1, 0, 1], [0, 1, 1], margin=2)
+    with pytest.raises(ValueError, match=r"acc_small must be a fraction in \[0, 1\], got 59.7 \(fractions, not points"):
+        ceiling_gain(1.29, 4e9, 9e9, 59.7, 67.6)
+    with pytest.raises(ValueError, match=r"candidate 'a': cost -1 is negative"):
+        best_cheaper(1.0, {"a": (-1, 0.5)})
+
+
+def test_small_samples_are_flagged():
+    """Three items that all flip: the bootstrap says p = 0.0002, exact McNemar 0.25; the
+    comparison warns and shows both."""
+    from loopeval.protocol import compare
+    from loopeval.runs import PairedRuns
+
+    a, b = np.array([[1.0], [1.0], [1.0]]), np.array([[0.0], [0.0], [0.0]])
+    paired = PairedRuns(systems=("a", "b"), tasks=("t",), doc_ids={"t": np.arange(3)},
+                        scores={"a": {"t": a}, "b": {"t": b}}, runs={"a": (None,), "b": (None,)})
+    row = compare(paired, "a", "b", resampler=paired.resampler(n_resamples=1000)).tasks["t"]
+    assert row.pvalue == pytest.approx(2 / 1001) and row.mcnemar_pvalue == pytest.approx(0.25)
+    assert any("only 3 items" in w for w in row.warnings)
+    assert any("only 3 discordant items: trust the exact McNemar p (0.25)" in w for w in row.warnings)

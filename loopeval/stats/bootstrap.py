@@ -49,6 +49,7 @@ from loopeval.stats.clusters import cluster_sums, cluster_table
 from loopeval.stats.family import family_level
 from loopeval.stats.results import ConfidenceInterval, ScipyNames
 from loopeval.stats.scores import score_table
+from loopeval.stats.units import fraction
 
 METHODS = ("auto", "multinomial", "index")
 # Index sampling holds at most this many drawn indices at a time.
@@ -244,8 +245,7 @@ class Resampler:
     def tost(self, baseline: str, candidate: str, *, benchmark: str | None = None, margin: float = 0.02,
              alpha: float = 0.05) -> TOSTResult:
         """Equivalence of candidate and baseline within ``±margin`` (a fraction) at level ``alpha``."""
-        if not margin > 0:
-            raise ValueError(f"margin must be positive, got {margin!r}")
+        fraction("margin", margin, closed=False)
         if not 0 < alpha < 0.5:
             raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
         d = self._difference(baseline, candidate, benchmark)

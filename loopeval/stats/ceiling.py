@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from loopeval.stats.units import fraction
+
 
 def ceiling_gain(c: float, params_small: float, params_large: float, acc_small: float, acc_large: float) -> float:
     """``Δ* ≈ log c / log(P_large / P_small) × (Acc_large − Acc_small)``.
@@ -17,4 +19,6 @@ def ceiling_gain(c: float, params_small: float, params_large: float, acc_small: 
         raise ValueError(f"loop cost c must be >= 1, got {c!r}")
     if not 0 < params_small < params_large:
         raise ValueError(f"need 0 < params_small < params_large, got {params_small!r} and {params_large!r}")
+    fraction("acc_small", acc_small)
+    fraction("acc_large", acc_large)
     return math.log(c) / math.log(params_large / params_small) * (acc_large - acc_small)

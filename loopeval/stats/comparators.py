@@ -17,5 +17,7 @@ def best_cheaper(loop_cost: float, candidates: Mapping[str, tuple[float, float]]
     for name, pair in candidates.items():
         if len(pair) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in pair):
             raise ValueError(f"candidate {name!r}: expected (cost, accuracy) as finite numbers, got {pair!r}")
+        if pair[0] < 0:
+            raise ValueError(f"candidate {name!r}: cost {pair[0]!r} is negative")
     eligible = [(-acc, cost, str(name)) for name, (cost, acc) in candidates.items() if cost <= loop_cost]
     return min(eligible)[2] if eligible else None

@@ -20,6 +20,7 @@ import numpy as np
 from scipy.stats import norm
 
 from loopeval.stats.scores import score_table
+from loopeval.stats.units import fraction
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,10 @@ def power(pilot_a, pilot_b, *, alpha: float = 0.05, power: float = 0.8, n: int |
         raise ValueError(f"power must lie in (0, 1), got {power!r}")
     if n is not None:
         _positive_int(n, "n")
-    if delta is not None and not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta != 0):
-        raise ValueError(f"delta must be a non-zero finite difference (a fraction), got {delta!r}")
+    if delta is not None:
+        fraction("delta", delta, low=-1, high=1, closed=False)
+        if delta == 0:
+            raise ValueError("delta must be a non-zero difference (a fraction)")
     if isinstance(pilot_a, Mapping) != isinstance(pilot_b, Mapping):
         raise ValueError("pilot_a and pilot_b must both be arrays or both be {benchmark: array} mappings")
     table = score_table({"pilot_a": pilot_a, "pilot_b": pilot_b})
