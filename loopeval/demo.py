@@ -4,20 +4,19 @@
    with worked, boxed solutions; train and a decontaminated test split.
 2. Build a tiny Qwen3-style model and a BPE tokenizer trained on the task.
 3. Train an unlooped twin and a looped model from it, identically (``loopeval.train``).
-4. Evaluate both through lm-eval's ``looped`` model at 0.5, 1, 1.5 and 2x the token
-   budget, with and without budget forcing (16 real lm-eval runs, with traces).
-5. Write the two-test report (``loopeval.report``) to ``OUT/report.html``.
+4. Write a study file (``OUT/study.yaml``) and run it with the protocol runner
+   (``loopeval.study``): both models through lm-eval's ``looped`` model at 0.5, 1, 1.5
+   and 2x the token budget, with and without budget forcing (16 real lm-eval runs, with
+   traces), resumably.
+5. The runner writes the two-test report (``loopeval.report``) to ``OUT/report.html``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,69 +72,35 @@ def _task_folder(out: Path, test_file: Path) -> Path:
     return folder
 
 
-@contextmanager
-def _stderr_to(path: Path):
-    """Send file descriptor 2 (lm-eval's logs and progress bars, and the ``git`` it runs
-    for provenance) to ``path``, so the demo shows its own progress only."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(path, "a") as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def evaluate(
-    checkpoint: Path, out: Path, task_folder: Path, *, scale: float, forcing: bool, batch_size: int = 64, log: Path
-) -> Path:
-    """One lm-eval run of ``looped`` on the demo task, saved as the CLI saves it; lm-eval's
-    own output goes to ``log``."""
-    from lm_eval import simple_evaluate
-    from lm_eval.loggers import EvaluationTracker
-    from lm_eval.tasks import TaskManager
-
-    model_args = {
-        "pretrained": str(checkpoint),
-        "device": "cpu",
-        "dtype": "float32",
-        "batch_size": batch_size,
-        "budget_scale": scale,
-        "trace": str(out),
+def write_study(out: Path, task_folder: Path, twin: Path, looped: Path) -> Path:
+    """The demo's study file: both checkpoints, the local task, four budgets, plain decoding
+    and budget forcing on both sides (``loopeval protocol`` runs it)."""
+    study = {
+        "name": "loopeval demo",
+        "output": ".",
+        "models": [{"name": "twin", "role": "twin", "path": str(twin)},
+                   {"name": "looped", "role": "looped", "path": str(looped)}],
+        "tasks": [TASK],
+        "include_path": [str(task_folder)],
+        "budgets": list(SCALES),
+        "decoding": [{"name": "plain"},
+                     {"name": "bf", "budget_forcing": True, "bf_reserve": BF_RESERVE, "bf_string": BF_STRING}],
+        "lm_eval": {"batch_size": 64, "device": "cpu", "dtype": "float32", "apply_chat_template": True},
+        "report": {"title": "loopeval demo: does the loop pay for its compute?"},
     }
-    if forcing:
-        model_args.update(budget_forcing=True, bf_reserve=BF_RESERVE, bf_string=BF_STRING)
-    tracker = EvaluationTracker(output_path=str(out))
-    with _stderr_to(log):
-        results = simple_evaluate(
-            model="looped",
-            model_args=model_args,
-            tasks=[TASK],
-            task_manager=TaskManager(include_path=str(task_folder)),
-            apply_chat_template=True,
-            log_samples=True,
-            evaluation_tracker=tracker,
-            verbosity="ERROR",
-        )
-    samples = results.pop("samples")
-    tracker.save_results_aggregated(results=results, samples=samples)
-    for task in results["configs"]:
-        tracker.save_results_samples(task_name=task, samples=samples[task])
-    return out
+    path = out / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False, allow_unicode=True))
+    return path
 
 
 def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: int = 0) -> Path:
     """Run every stage into ``out`` and return the report's path."""
     import torch
-    from tqdm.auto import tqdm
 
     from loopeval.checkpoint import save_model
     from loopeval.decoding import DEFAULT_ANSWER_STRING, DEFAULT_THINK_STRING
-    from loopeval.report import build_report, write_report
     from loopeval.scoring import user_prompt
+    from loopeval.study import run_study
     from loopeval.synthetic import make_splits, write_splits
     from loopeval.tiny import tiny_model, tiny_tokenizer
     from loopeval.train import TrainConfig, train_twins
@@ -170,26 +135,23 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     twin, looped = train_twins(out / "base", train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True)
 
     task_folder = _task_folder(out, test_file)
-    plan = [(m, forcing, scale) for m in ("twin", "looped") for forcing in (False, True) for scale in SCALES]
-    _say(f"4/5 {len(plan)} lm-eval runs (lm-eval's log: {out / 'lm-eval.log'})")
+    study = write_study(out, task_folder, twin.path, looped.path)
+    _say(f"4/5 {2 * 2 * len(SCALES)} lm-eval runs of the study {study} (lm-eval's logs: {out / 'logs'})")
     _say(f"    twin and looped x budgets {', '.join(f'{s:g}x' for s in SCALES)}, budget forcing off and on")
-    runs = {"twin": [], "looped": []}
-    log = out / "lm-eval.log"
-    for model, forcing, scale in tqdm(plan, desc="lm-eval runs", unit="run", file=sys.stdout):
-        name = f"{model}_{'bf' if forcing else 'plain'}_{scale:g}x"
-        checkpoint = (twin if model == "twin" else looped).path
-        runs[model].append(evaluate(checkpoint, out / "runs" / name, task_folder, scale=scale, forcing=forcing, log=log))
+    result = run_study(study)
+    if result.report is None:
+        raise RuntimeError(f"the demo's evaluations failed: {'; '.join(result.failed)} (logs in {out / 'logs'})")
 
     _say("5/5 statistics and the report")
-    data = build_report(runs["twin"], runs["looped"], title="loopeval demo: does the loop pay for its compute?")
-    report = write_report(data, out / "report.html")
+    data = json.loads((out / "report.json").read_text())
+    report = result.report
     (out / "demo.json").write_text(json.dumps({"size": size, "seed": seed, "loop": LOOP, "seconds": time.time() - start}))
     chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
-    for row in data.decoding:
-        _say(f"  {row['setting']:14s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']:.2f}x")
+    for row in data["decoding"]:
+        _say(f"  {row['setting']:24s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")
     _say(f"  (always answering the most common test answer scores {100 * chance:.1f}%)")
-    for cond in data.conditions:
-        for sentence in cond.verdict.sentences:
-            _say(f"  [{cond.label}] {sentence}")
+    for cond in data["conditions"]:
+        for sentence in cond["verdict"]["sentences"]:
+            _say(f"  [{cond['label']}] {sentence}")
     _say(f"done in {time.time() - start:.0f} s; open {report}")
     return report

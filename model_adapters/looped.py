@@ -107,6 +107,10 @@ class LoopedArgs:
         return cls(**values)
 
 
+DECODING_ARGS = ("budget_forcing", "bf_reserve", "bf_reserve_rule", "bf_string", "bf_when_answered", "repetition_stop")
+"""The args of the free decoding rules: a decoding condition that both sides of a comparison share."""
+
+
 def _folder(name: str, value) -> str:
     """A folder to write into, created now, so a bad path fails before any work."""
     if not isinstance(value, str) or not value.strip():

@@ -41,6 +41,8 @@ def build_report(
     default_scale: float = 1.0,
     cost: str = "passes",
     selection: str = "fixed",
+    alpha: float = 0.05,
+    margin: float = 0.02,
     title: str | None = None,
     strict: bool = False,
     n_resamples: int = 10_000,
@@ -54,7 +56,8 @@ def build_report(
     optional larger unlooped model: a further comparator, shown where it costs more
     (Table 3's lower rows), and with ``sizes`` (small, large parameter counts) the
     ceiling of Eq. 4 (Table 5). ``cost`` charges layer passes (the paper's rule) or
-    FLOPs; ``selection`` picks the best cheaper comparator once or in every resample.
+    FLOPs; ``selection`` picks the best cheaper comparator once or in every resample;
+    ``alpha`` and ``margin`` (a fraction) are the tests' level and equivalence margin.
     Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
     fairness check.
     """
@@ -73,7 +76,7 @@ def build_report(
     tasks = sorted(evals[0].run.tasks)
     first_looped = next(e for e in evals if e.looped)
     conditions = tables.conditions(groups, extra, default_scale=default_scale, base_costs=base_costs, cost=cost,
-                                   selection=selection, n_resamples=n_resamples, seed=seed)
+                                   selection=selection, alpha=alpha, margin=margin, n_resamples=n_resamples, seed=seed)
     ceiling = None
     if extra is not None:
         plain = next((c for c in conditions if c.condition == extra.condition), None)

@@ -13,7 +13,7 @@ statistic.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loopeval.manifest import find_manifest
@@ -146,6 +146,8 @@ def classify(twin: list, looped: list, larger=None) -> tuple[list[Evaluation], E
         if e.looped != wanted:
             kind = "a loop" if e.looped else "no loop"
             raise ValueError(f"run {e.where}: given as {'looped' if wanted else 'unlooped'} but its trace records {kind}")
+    if len({e.variant for e in evals}) == 1:  # one training variant: no label to tell variants apart
+        evals = [replace(e, variant="") for e in evals]
     extra = describe(larger) if larger is not None else None
     if extra is not None and extra.looped:
         raise ValueError(f"run {extra.where}: given as --larger, but its trace records a loop "

@@ -71,7 +71,7 @@ def _reserves(evals: list[Evaluation]) -> list[int]:
 
 
 def conditions(groups: dict, extra: Evaluation | None, *, default_scale: float, base_costs: dict[str, float],
-               cost: str, selection: str, n_resamples: int, seed: int) -> list[Condition]:
+               cost: str, selection: str, alpha: float, margin: float, n_resamples: int, seed: int) -> list[Condition]:
     """Δparam at the default budget and ΔFLOP over every budget, per decoding condition and
     looped training variant. The best cheaper comparator is sought among every unlooped
     evaluation of the condition: every budget and every training variant of the twin."""
@@ -93,8 +93,8 @@ def conditions(groups: dict, extra: Evaluation | None, *, default_scale: float, 
                 raise ValueError(
                     f"{name} at {s:g}×: {len(ls)} looped run(s) but {len(twin[s])} twin run(s); give one of each per seed"
                 )
-        param = delta_param(by_seed(twin[default_scale]), by_seed(looped[default_scale]),
-                            n_resamples=n_resamples, seed=seed)
+        options = dict(alpha=alpha, margin=margin, n_resamples=n_resamples, seed=seed)
+        param = delta_param(by_seed(twin[default_scale]), by_seed(looped[default_scale]), **options)
         unlooped = {label(False, c, v, s): by_seed(members)
                     for (lp, c, v, s), members in groups.items() if not lp and c == cond}
         costlier = []
@@ -106,14 +106,13 @@ def conditions(groups: dict, extra: Evaluation | None, *, default_scale: float, 
         flop = delta_flop(
             unlooped, loops, twins={label(True, cond, variant, s): label(False, cond, variant, s)
                                     for s in scales if s in twin},
-            costlier=costlier, cost=cost, selection=selection, n_resamples=n_resamples, seed=seed,
+            costlier=costlier, cost=cost, selection=selection, **options,
         )
         base, other_base = base_costs[cost], base_costs.get("flops" if cost == "passes" else "passes")
         rows = [FlopRow(f, f.loop_cost / base, f.comparator_cost / base if f.comparator else None,
                         f.other_costs[f.loop] / other_base if f.other_costs and other_base else None) for f in flop]
         try:
-            both = finished_both(by_seed(twin[default_scale]), by_seed(looped[default_scale]),
-                                 n_resamples=n_resamples, seed=seed)
+            both = finished_both(by_seed(twin[default_scale]), by_seed(looped[default_scale]), **options)
         except ValueError:  # no trace of finished answers, or no item both finish
             both = None
         per_seed = param.seeds.deltas if param.seeds else ()
