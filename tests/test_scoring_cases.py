@@ -349,3 +349,23 @@ def test_known_limitations(case):
     result = scoring.grade(case.response, case.gold, **case.options)
     assert result.correct is not case.correct
     assert result.flags == case.flags
+
+
+def test_math_verify_alone_reads_spaced_thousands_as_a_sum():
+    """Why digit groups are joined before math-verify: 0.9.0 reads ``1\\,234`` and ``1 234`` as 1 + 234."""
+    from math_verify import LatexExtractionConfig, parse
+
+    for written in (r"1\,234", "1 234", r"1\;234"):
+        assert parse(f"\\boxed{{{written}}}", extraction_config=[LatexExtractionConfig()])[0] == 235
+
+
+def test_integer_shortcut_agrees_with_math_verify():
+    """Two integers are compared without math-verify; its verdict must be the same."""
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    numbers = ["0", "-0", "7", "-7", "07", "072", "72", "-72", "1000", "999", "123456789012345678901234567890"]
+    for gold in numbers:
+        for answer in numbers:
+            expected = verify(*(parse(f"\\boxed{{{x}}}", extraction_config=[LatexExtractionConfig()])
+                                for x in (gold, answer)))
+            assert scoring.score(f"\\boxed{{{answer}}}", gold) is expected, (answer, gold)
