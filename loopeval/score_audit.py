@@ -105,7 +105,7 @@ class ScoreAudit:
             for i in t.items:
                 which = f"doc {i.doc_id}" + (f" #{i.response}" if t.n_responses > t.n_items else "")
                 lines.append(f"  {which}  {'right' if i.correct else 'wrong'}  {', '.join(i.flags)}  "
-                             f"answer {i.answer!r}  gold {i.gold!r}")
+                             f"answer: {_shown(i.answer)}  gold: {_shown(i.gold)}")
         return "\n".join(lines)
 
 
@@ -164,3 +164,10 @@ def _audit_task(task: str, samples: Path, filter_name: str, *, number_fallback: 
         flagged_correct=sum(i.correct for i in items),
         items=tuple(sorted(items, key=lambda i: (i.doc_id, i.response))),
     )
+
+
+def _shown(text: str | None, width: int = 60) -> str:
+    if text is None:
+        return "(none)"
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."

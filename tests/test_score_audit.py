@@ -7,6 +7,7 @@ as ``lm_eval --output_path X --log_samples`` saves it.
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,9 @@ def run(tokenizer, tmp_path_factory):
     """An lm-eval output folder; the hedged GPQA item is recorded as right, as the scorer before issue 10 had it."""
     tmp = tmp_path_factory.mktemp("audit")
     math500 = write_jsonl(tmp / "math500.jsonl", rows("math500.jsonl") + [INTERVAL])
-    files = {"gsm8k_boxed": FIXTURES / "gsm8k.jsonl", "math500_boxed": math500, "aime24_boxed": FIXTURES / "aime24.jsonl",
-             "gpqa_diamond_boxed": FIXTURES / "gpqa_diamond.jsonl", "arc_challenge_letter": FIXTURES / "arc_challenge.jsonl"}
+    files = {"gsm8k_boxed": FIXTURES / "gsm8k.jsonl", "math500_boxed": math500,
+             "aime24_boxed": FIXTURES / "aime24.jsonl", "gpqa_diamond_boxed": FIXTURES / "gpqa_diamond.jsonl",
+             "arc_challenge_letter": FIXTURES / "arc_challenge.jsonl"}
     include = local_tasks(tmp / "tasks", files)
     lm = ScriptedLM(tokenizer, respond=respond, pick=lambda prompt: "A")
     tracker = EvaluationTracker(output_path=str(tmp / "out"))
@@ -137,14 +139,8 @@ def test_tasks_not_scored_by_loopeval_are_skipped():
 def test_bad_input(run, tmp_path, capsys):
     assert main(["score-audit", str(tmp_path / "nothing")]) == 2
     assert "no such run" in capsys.readouterr().err
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in run.rglob("*_boxed_*.jsonl"):
-        text = f.read_text().replace('"gold"', '"answer_key"') if "gsm8k" in f.name else f.read_text()
-        (broken / f.name).write_text(text)
-    for f in run.rglob("results_*.json"):
-        (broken / f.name).write_text(f.read_text())
-    for f in run.rglob("samples_arc_*.jsonl"):
-        (broken / f.name).write_text(f.read_text())
-    with pytest.raises(ValueError, match=r"samples_gsm8k_boxed_.*jsonl:1: corrupt lm-eval samples line \(KeyError: 'gold'\)"):
+    broken = shutil.copytree(run, tmp_path / "broken")
+    (samples,) = broken.rglob("samples_gsm8k_boxed_*.jsonl")
+    samples.write_text(samples.read_text().replace('"gold"', '"answer_key"'))
+    with pytest.raises(ValueError, match=r"samples_gsm8k_boxed_.*jsonl:1: corrupt lm-eval samples line \(KeyError"):
         score_audit(broken)
