@@ -128,23 +128,24 @@ def grade(response: str, gold: str, *, number_fallback: bool = False, thinking: 
     if distinct_boxes > 1:
         flags.add("several_boxes")
     correct, failure = False, None
-    if answer is None:
-        pass
-    elif (same := _same(answer, gold)) is not None:
-        correct = same
-    elif gold_letter := _GOLD_LETTER.fullmatch(_unwrap_letter(gold)):
-        letter, hedged = _read_letter(answer)
-        correct = letter == gold_letter.group(1) and not hedged
-        if hedged:
-            flags.add("hedged_letter")
-    else:
-        correct, failure, relation = _math_verify(gold, answer)
-        if failure:
-            flags.add("math_verify_failed")
-            with _failures_lock:
-                _failures[failure] += 1
-        if relation:
-            flags.add("relation_vs_interval")
+    if answer is not None:
+        same = _same(answer, gold)
+        gold_letter = _GOLD_LETTER.fullmatch(_unwrap_letter(gold))
+        if same is not None:
+            correct = same
+        elif gold_letter:
+            letter, hedged = _read_letter(answer)
+            correct = letter == gold_letter.group(1) and not hedged
+            if hedged:
+                flags.add("hedged_letter")
+        else:
+            correct, failure, relation = _math_verify(gold, answer)
+            if failure:
+                flags.add("math_verify_failed")
+                with _failures_lock:
+                    _failures[failure] += 1
+            if relation:
+                flags.add("relation_vs_interval")
     return Grade(correct=correct, answer=answer, boxed=boxed, failure=failure,
                  flags=tuple(f for f in FLAGS if f in flags))
 
