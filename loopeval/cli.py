@@ -30,6 +30,31 @@ def _check_cache(args) -> int:
     return run_check_cache_cli(args)
 
 
+def _add_score_audit(sub) -> None:
+    p = sub.add_parser(
+        "score-audit",
+        help="list the items of an lm-eval run whose verdict rests on a disputable scoring rule",
+        description="Grade every response of RUN's boxed-answer tasks again and list those that used the GSM8K "
+        "number fallback, hedged between option letters, held several different boxes, failed in math-verify, "
+        "or compared an inequality with an interval; with counts per task. RUN is an lm-eval --output_path "
+        "folder, its model folder or a results_*.json file written with --log_samples.",
+    )
+    p.add_argument("run", help="the lm-eval run")
+    p.add_argument("--tasks", nargs="+", metavar="T", help="leaf tasks or groups to audit (default: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (fractions, not points)")
+    p.set_defaults(func=_score_audit)
+
+
+def _score_audit(args) -> int:
+    import json
+
+    from loopeval.score_audit import score_audit
+
+    audit = score_audit(args.run, tasks=args.tasks)
+    print(json.dumps(audit.as_dict(), indent=2) if args.json else audit.to_text())
+    return 0
+
+
 def _add_tasks_path(sub) -> None:
     p = sub.add_parser("tasks-path", help="print the folder to pass to lm_eval --include_path")
     p.set_defaults(func=_tasks_path)
@@ -377,7 +402,7 @@ def _demo(args) -> int:
 
 
 _SUBCOMMANDS = [_add_demo, _add_check_cache, _add_train, _add_protocol, _add_compare, _add_power, _add_report,
-                _add_tasks_path]
+                _add_score_audit, _add_tasks_path]
 
 
 def build_parser() -> argparse.ArgumentParser:
