@@ -35,7 +35,7 @@ from transformers import LogitsProcessorList
 import loopeval
 from loopeval.args import as_bool, as_choice, as_float, as_int, as_text
 from loopeval.cache_check import check_cache as run_cache_check
-from loopeval.checkpoint import weights_fingerprint
+from loopeval.checkpoint import check_source, weights_fingerprint
 from loopeval.cost import loop_cost
 from loopeval.decoding import (
     DEFAULT_RESERVE,
@@ -124,15 +124,6 @@ def _folder(name: str, value) -> str:
     return value
 
 
-def _check_pretrained(pretrained) -> None:
-    """A local path that does not exist is named as such, not as a malformed hub id."""
-    if not isinstance(pretrained, str) or Path(pretrained).exists():
-        return
-    looks_local = pretrained.startswith((".", "/", "~")) or pretrained.count("/") != 1 or "\\" in pretrained
-    if looks_local:
-        raise ValueError(f"looped: pretrained={pretrained}: no such local folder (a hub id has the form org/name)")
-
-
 # from_pretrained keywords that HFLM forwards through **kwargs.
 FROM_PRETRAINED_ARGS = (
     "attn_implementation",
@@ -169,7 +160,11 @@ class LoopedLM(HFLM):
         if unknown:
             raise ValueError(f"looped: unknown model arg(s) {', '.join(unknown)}; valid: {', '.join(_valid_args())}")
         args = LoopedArgs.parse(kwargs)
-        _check_pretrained(pretrained)
+        if isinstance(pretrained, str):
+            try:
+                check_source(pretrained)
+            except ValueError as exc:
+                raise ValueError(f"looped: pretrained={exc}") from None
         # The loop is checked against the config before HFLM loads any weights.
         self.loop = resolve_loop(
             pretrained, args.loop, operator=args.loop_operator, beta=args.loop_beta, mix=args.loop_mix,

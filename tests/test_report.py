@@ -170,8 +170,8 @@ def demo(tmp_path_factory):
 @pytest.mark.slow
 def test_demo_writes_every_stage(demo):
     out, stdout = demo
-    assert (out / "report.html").is_file()
-    assert len(list((out / "runs").iterdir())) == 16
+    assert (out / "report.html").is_file() and (out / "study.yaml").is_file()
+    assert len([p for p in (out / "evals").iterdir() if not p.name.startswith(".")]) == 16
     assert (out / "checkpoints" / "twin" / "training_manifest.json").is_file()
     assert json.loads((out / "checkpoints" / "looped" / "loop_config.json").read_text())["loop"] == "2:4x2"
     train = {json.loads(line)["prompt"] for line in (out / "data" / "train.jsonl").read_text().splitlines()}
@@ -179,8 +179,10 @@ def test_demo_writes_every_stage(demo):
     assert not any(q in p for q in test for p in train)  # decontaminated
     assert "5/5" in stdout and f"open {out / 'report.html'}" in stdout
     assert "fatal:" not in stdout
-    data = build_report(_pick(out / "runs", "twin_"), _pick(out / "runs", "looped_"), n_resamples=500)
+    data = build_report(_pick(out / "evals", "twin__"), _pick(out / "evals", "looped__"), n_resamples=500)
     assert all(c.ok for c in data.checks), [c for c in data.checks if not c.ok]  # real twins, real traces
+    assert json.loads((out / "report.json").read_text())["conditions"][0]["param"]["macro"]["delta"] == pytest.approx(
+        data.conditions[0].param.macro.delta)  # the report the protocol runner wrote
 
 
 def _chromium() -> str:
@@ -206,8 +208,7 @@ def test_report_in_headless_chromium(demo, tmp_path):
     dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     for table in ("table-param", "table-flop", "table-benchmarks", "table-decoding", "table-runs"):
         assert f'id="{table}"' in dom
-    assert dom.count("<circle") == 16  # 4 curves x 4 budgets
-    assert dom.count('class="series"') == 4
+    assert dom.count('id="series-') == 4  # 4 curves: twin and looped, plain and budget forcing
     assert "Equal parameters:" in dom and "Equal FLOPs:" in dom
     shot = tmp_path / "report.png"
     subprocess.run([chromium, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],

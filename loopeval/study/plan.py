@@ -11,7 +11,7 @@ is complete; ``loopeval_evaluation.json`` in it records the settings it was made
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from loopeval.study.spec import DecodingSpec, ModelSpec, Study
@@ -99,12 +99,14 @@ def check_before_compute(study: Study, evaluations: list[Evaluation]) -> None:
     loop fits its config, twins and looped models get the same per-model args (unless the
     study names the difference in ``intended_differences``), twins share their training
     manifest, and no finished folder was made with other settings."""
+    from loopeval.checkpoint import check_source
     from loopeval.loop import resolve_loop
     from loopeval.manifest import find_manifest, twin_mismatches
 
     _check_tasks(study)
     for i, m in enumerate(study.models):
         try:
+            check_source(m.path)
             loop = resolve_loop(m.path, m.loop, operator=m.operator, beta=m.beta, mix=m.mix)
         except (ValueError, OSError) as exc:
             raise ValueError(f"{study.path}: models[{i}] ({m.name}): {exc}") from None
@@ -184,8 +186,3 @@ def _leaf_tasks(tree) -> dict:
 def record(evaluation: Evaluation, study: Study) -> None:
     """Write the settings record into the partial folder, the last file before the rename."""
     (evaluation.partial / SPEC_NAME).write_text(json.dumps(evaluation.settings(study), indent=2, default=str))
-
-
-def describe(evaluation: Evaluation) -> dict:
-    return {"name": evaluation.name, "model": asdict(evaluation.model), "decoding": evaluation.decoding.name,
-            "scale": evaluation.scale, "folder": str(evaluation.folder)}
