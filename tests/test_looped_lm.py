@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_generate_task
+
 from loopeval import apply_loop, loop_cost, save_model
 from loopeval.tiny import tiny_model
 from loopeval.trace import find_traces
@@ -21,24 +23,6 @@ QUESTIONS = [
     "2 + 2 =",
     "A box holds 8 eggs; 3 boxes hold?",
 ]
-
-GEN_YAML = """\
-task: tiny_gen
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: []
-  max_gen_toks: {max_gen_toks}
-  do_sample: false
-metric_list:
-  - metric: exact_match
-"""
 
 MC_YAML = """\
 task: tiny_mc
@@ -72,7 +56,7 @@ def workdir(tmp_path_factory):
     tasks.mkdir()
     rows = [{"question": q, "answer": "7", "label": i % 3} for i, q in enumerate(QUESTIONS)]
     (tasks / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tasks / "tiny_gen.yaml").write_text(GEN_YAML.format(data=tasks / "data.jsonl", max_gen_toks=40))
+    write_generate_task(tasks, "tiny_gen", rows, max_gen_toks=40)
     (tasks / "tiny_mc.yaml").write_text(MC_YAML.format(data=tasks / "data.jsonl"))
     return root
 

@@ -10,28 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import write_generate_task
 
 from loopeval.cli import main
 from loopeval.study import load_study, run_study
-
-GEN_YAML = """\
-task: tiny_boxed
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: []
-  max_gen_toks: 16
-  do_sample: false
-metric_list:
-  - metric: exact_match
-"""
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
@@ -44,9 +26,7 @@ def world(tmp_path_factory):
     save_model(tiny_model("qwen3", vocab_size=len(tok), num_layers=4), tok, root / "twin")
     save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tok), num_layers=4), "1:3x2"), tok, root / "looped")
     rows = [{"question": f"What is {a} + {a}?", "answer": str(2 * a)} for a in range(6)]
-    (root / "tasks").mkdir()
-    (root / "tasks" / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "tasks" / "tiny_boxed.yaml").write_text(GEN_YAML.format(data=root / "tasks" / "data.jsonl"))
+    write_generate_task(root / "tasks", "tiny_boxed", rows, max_gen_toks=16)
     return root
 
 
