@@ -109,6 +109,13 @@ def label(looped: bool, condition_: str, variant: str = "", scale: float | None 
     return name if scale is None else f"{name} @ {scale:g}×"
 
 
+def condition_label(condition_: str, variant: str = "") -> str:
+    """A decoding condition of one training variant: ``"plain decoding"``, ``"3x FT + budget forcing"`` ..."""
+    parts = [variant] if variant else []
+    parts += [] if condition_ == "plain" else [condition_]
+    return " + ".join(parts) or "plain decoding"
+
+
 def by_seed(evals: list[Evaluation]) -> list[Run]:
     """The runs of one group, ordered by training seed (so seed runs pair by position)."""
     return [e.run for e in sorted(evals, key=lambda e: (e.seed is None, e.seed or 0))]

@@ -22,7 +22,7 @@ from loopeval.protocol import (
     finished_both,
     verdict,
 )
-from loopeval.report.evaluations import Evaluation, by_seed, label
+from loopeval.report.evaluations import Evaluation, by_seed, condition_label, label
 from loopeval.stats import OrderInterval, ceiling_gain, order_interval
 
 
@@ -79,7 +79,7 @@ def conditions(groups: dict, extra: Evaluation | None, *, default_scale: float, 
     for cond, variant in sorted({(c, v) for (lp, c, v, _) in groups if lp}, key=lambda cv: (cv[0] != "plain", cv)):
         scales = sorted(s for (lp, c, v, s) in groups if lp and c == cond and v == variant)
         twin_scales = sorted(s for (lp, c, v, s) in groups if not lp and c == cond and v == variant)
-        name = label(True, cond, variant).removeprefix("looped").lstrip(", +") or "plain decoding"
+        name = condition_label(cond, variant)
         if default_scale not in scales or default_scale not in twin_scales:
             missing = "looped" if default_scale not in scales else "twin"
             runs = ", ".join(str(e.where) for s in scales for e in groups[(True, cond, variant, s)])
