@@ -16,7 +16,7 @@ from loopeval import load_model, loop_config, save_model
 from loopeval.cli import main
 from loopeval.tiny import tiny_model
 from loopeval.manifest import read_manifest, twin_mismatches
-from loopeval.train import TrainConfig, load_data, train_model, train_twins, weights_sha256
+from loopeval.training import TrainConfig, load_data, train_model, train_twins, weights_sha256
 
 LETTERS = string.ascii_lowercase[:10]
 # 16 rows, 8 per batch, 40 steps: exactly 20 epochs, so every row is seen 20 times
