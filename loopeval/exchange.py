@@ -136,7 +136,7 @@ def _crossing(tokens: np.ndarray, rate: np.ndarray, cost: float) -> float | None
         return None
     i = above[0]
     if i == 0:
-        return float(np.exp(t[0]))
+        return float(tokens[ok][0])
     frac = (cost - r[i - 1]) / (r[i] - r[i - 1])
     return float(np.exp(t[i - 1] + frac * (t[i] - t[i - 1])))
 

@@ -108,10 +108,12 @@ def twin_mismatches(a: dict, b: dict) -> list[str]:
     lines = [f"{field}: missing from both manifests" for field in rule.must_share
              if not any(_under(k, (field,)) for k in fa.keys() | fb.keys())]
     missing = "<missing>"
+    reported: tuple[str, ...] = ()
     for key in sorted(fa.keys() | fb.keys()):
-        if _under(key, rule.may_differ):
+        if _under(key, rule.may_differ + reported):  # a field already reported whole (a value against an object)
             continue
         va, vb = fa.get(key, missing), fb.get(key, missing)
         if va != vb:
             lines.append(f"{key}: {va!r} != {vb!r}")
+            reported += (key,)
     return lines

@@ -1,10 +1,11 @@
-"""Twin training: the twins differ only by the loop, and the manifest proves it."""
+"""Twin training (recipe full): the twins differ only by the loop, and the manifest proves it."""
 
 import copy
 import dataclasses
 import gc
 import hashlib
 import json
+import os
 import string
 import subprocess
 import sys
@@ -21,6 +22,15 @@ from loopeval.training import TrainConfig, load_data, train_model, train_twins, 
 LETTERS = string.ascii_lowercase[:10]
 # 16 rows, 8 per batch, 40 steps: exactly 20 epochs, so every row is seen 20 times
 CONFIG = TrainConfig(steps=40, batch_size=8, lr=3e-3, warmup=4, max_length=64, log_every=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny models: on the shared 2-core machine a second thread costs far more than it saves
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def write_jsonl(path, rows):
@@ -264,7 +274,7 @@ def test_cli_trains_both_twins(tmp_path, work):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "loopeval", "train", "--base", str(work / "base"), "--data", str(work / "data.jsonl"),
            "--loop", "1:3x2", "--out", str(out), "--steps", "2", "--batch-size", "4", "--max-length", "32", "--seed", "3"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert str(out / "twin") in proc.stdout and str(out / "looped") in proc.stdout
     assert "identical apart from the loop" in proc.stdout

@@ -123,7 +123,7 @@ def load_data(path: str | Path, tokenizer, *, max_length: int, pack: bool = Fals
     rows.sort(key=lambda r: r[0])  # file order, whatever the mix of kinds
 
     if pack:
-        stream = np.fromiter((t for _, ids, _ in rows for t in [*ids, tokenizer.eos_token_id]), dtype=np.int64)
+        stream = np.concatenate([np.array([*ids, tokenizer.eos_token_id], dtype=np.int64) for _, ids, _ in rows])
         offsets = np.append(np.arange(0, len(stream), max_length), len(stream))
         if offsets[-1] - offsets[-2] < 2:  # a one-token tail has nothing to predict
             offsets = np.delete(offsets, -2)
