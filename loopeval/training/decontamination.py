@@ -31,6 +31,7 @@ import re
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,7 @@ RECORD_FORMAT = "loopeval-decontamination/1"
 _SEGMENT, _ROW = "\x00", "\x01"  # separators in a joined chunk; neither is a word character
 _TOKEN = re.compile(r"\w+|[\x00\x01]")
 _CHUNK_ROWS = 20_000
+_FILTER_BITS = 24  # a 16 MiB table of the test hashes' top bits screens windows before the exact lookup
 _MULTIPLIERS = np.random.default_rng(0x13C0DE).integers(1, 2**63, size=4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
 
@@ -124,43 +126,47 @@ class NgramIndex:
             raise ValueError(f"n {n!r}: must be an integer in [1, {len(_MULTIPLIERS)}]")
         self.n = n
         self.vocab: dict[str, int] = {}  # word -> id >= 1; 0 breaks n-grams
-        self.entries: dict[int, list[tuple[tuple[int, ...], str, int]]] = {}  # hash -> [(ids, task, doc_id)]
         self.documents: dict[str, int] = {}  # task -> documents
         digest = hashlib.sha256()
+        parts, self._owners = [], []  # each text's ids and a 0; its (task, doc_id)
         for doc in documents:
             self.documents[doc.task] = self.documents.get(doc.task, 0) + 1
             digest.update(json.dumps([doc.task, doc.doc_id, doc.texts]).encode())
             for text in doc.texts:
-                ids = np.array([self.vocab.setdefault(w, len(self.vocab) + 1) for w in words(text)], dtype=np.int64)
-                if len(ids) < n:
-                    continue
-                for start, h in zip(range(len(ids)), self._hash(ids).tolist()):
-                    gram = tuple(ids[start:start + n].tolist())
-                    known = self.entries.setdefault(h, [])
-                    if not any(g == gram and t == doc.task for g, t, _ in known):
-                        known.append((gram, doc.task, doc.doc_id))
+                parts.append(np.array([*(self.vocab.setdefault(w, len(self.vocab) + 1) for w in words(text)), 0], dtype=np.int64))
+                self._owners.append((doc.task, doc.doc_id))
         self.sha256 = digest.hexdigest()
-        self.hashes = np.array(sorted(self.entries), dtype=np.uint64)
+        self._ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        self._starts = np.cumsum([0] + [len(x) for x in parts[:-1]])
+        where, h = self._windows(self._ids)
+        order = np.argsort(h, kind="stable")  # equal hashes stay in document order
+        self.hashes, self._where = h[order], where[order]
+        self._filter = np.zeros(1 << _FILTER_BITS, dtype=bool)
+        self._filter[self.hashes >> np.uint64(64 - _FILTER_BITS)] = True
         self._lookup = {**self.vocab, _ROW: -1}
         self._words = {i: w for w, i in self.vocab.items()}
 
     def __len__(self) -> int:
-        return len(self.hashes)
+        """Distinct n-grams (distinct hashes: collisions of different n-grams are left to chance)."""
+        return len(np.unique(self.hashes))
 
-    def _hash(self, ids: np.ndarray) -> np.ndarray:
+    def _windows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Start and hash of every window of ``n`` ids without a 0 (a word break)."""
         count = len(ids) - self.n + 1
+        if count <= 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64)
+        breaks = np.concatenate([[0], np.cumsum(ids == 0)])
+        where = np.flatnonzero(breaks[self.n:] == breaks[:-self.n])
         h = np.zeros(count, dtype=np.uint64)
         u = ids.astype(np.uint64)
         for k in range(self.n):
             h += u[k:k + count] * _MULTIPLIERS[k]  # wraps modulo 2**64, as intended
-        return h
-
-    def ngram_text(self, gram: tuple[int, ...]) -> str:
-        return " ".join(self._words[i] for i in gram)
+        return where, h[where]
 
     def scan(self, rows: Sequence[Sequence[str]]) -> list[dict[str, tuple[int, str]]]:
         """For each row (its strings), ``{task: (doc_id, shared n-gram)}`` with the first
-        shared n-gram per task; ``{}`` for a clean row."""
+        shared n-gram per task (and the first document of the task that has it); ``{}``
+        for a clean row."""
         hits: list[dict[str, tuple[int, str]]] = [{} for _ in rows]
         if not rows or not len(self.hashes):
             return hits
@@ -168,25 +174,21 @@ class NgramIndex:
         if joined.count(_ROW) != len(rows) - 1 or joined.count(_SEGMENT) != sum(max(len(r) - 1, 0) for r in rows):
             # a row holds a separator character itself: blank them out (they are not word characters)
             joined = _ROW.join(_SEGMENT.join(s.replace(_ROW, " ").replace(_SEGMENT, " ") for s in r) for r in rows)
-        joined = joined.lower()
-        lookup = self._lookup.get
-        ids = np.array([lookup(w, 0) for w in _TOKEN.findall(joined)], dtype=np.int64)
+        ids = np.array(list(map(self._lookup.get, _TOKEN.findall(joined.lower()), repeat(0))), dtype=np.int64)
         row_of = np.cumsum(ids == -1)
         ids[ids == -1] = 0
-        if len(ids) < self.n:
-            return hits
-        breaks = np.concatenate([[0], np.cumsum(ids == 0)])
-        valid = breaks[self.n:] == breaks[:-self.n]
-        h = self._hash(ids)
-        where = np.flatnonzero(valid)
-        candidates = h[where]
-        pos = np.minimum(np.searchsorted(self.hashes, candidates), len(self.hashes) - 1)
-        for start in where[self.hashes[pos] == candidates].tolist():
-            gram = tuple(ids[start:start + self.n].tolist())
+        where, h = self._windows(ids)
+        keep = self._filter[h >> np.uint64(64 - _FILTER_BITS)]
+        where, h = where[keep], h[keep]
+        lo, hi = np.searchsorted(self.hashes, h, "left"), np.searchsorted(self.hashes, h, "right")
+        for start, a, b in zip(where.tolist(), lo.tolist(), hi.tolist()):
+            gram = ids[start:start + self.n]
             row = hits[row_of[start]]
-            for known, task, doc_id in self.entries[int(h[start])]:
-                if known == gram and task not in row:
-                    row[task] = (doc_id, self.ngram_text(gram))
+            for at in self._where[a:b].tolist():
+                if np.array_equal(self._ids[at:at + self.n], gram):
+                    task, doc_id = self._owners[int(np.searchsorted(self._starts, at, "right")) - 1]
+                    if task not in row:
+                        row[task] = (doc_id, " ".join(self._words[i] for i in gram.tolist()))
         return hits
 
 

@@ -22,10 +22,13 @@ def nll_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(predicted, tokens, reduction="sum")
 
 
-def kl_sum(teacher_logits: torch.Tensor, student_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed ``KL(teacher || student)`` over the vocabulary, per target position:
-    ``sum_v p_teacher(v) * (log p_teacher(v) - log p_student(v))``. Exactly 0 where the
-    two logits are equal."""
+def kl_and_nll_sums(teacher_logits: torch.Tensor, student_logits: torch.Tensor,
+                    labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed ``KL(teacher || student)`` over the vocabulary per target position,
+    ``sum_v p_teacher(v) * (log p_teacher(v) - log p_student(v))`` (exactly 0 where the
+    two logits are equal), and the student's summed NLL, from one log-softmax of each."""
     teacher, _ = _targets(teacher_logits, labels)
-    student, _ = _targets(student_logits, labels)
-    return F.kl_div(F.log_softmax(student, dim=-1), F.log_softmax(teacher, dim=-1), log_target=True, reduction="sum")
+    student, tokens = _targets(student_logits, labels)
+    log_student = F.log_softmax(student, dim=-1)
+    kl = F.kl_div(log_student, F.log_softmax(teacher, dim=-1), log_target=True, reduction="sum")
+    return kl, -log_student.gather(1, tokens[:, None]).sum()

@@ -24,7 +24,7 @@ import torch
 from loopeval.loop import LoopConfig, decoder_layers, loop_disabled
 from loopeval.training.config import ALL_LINEAR, TrainConfig, format_passes
 from loopeval.training.hashing import weights_sha256
-from loopeval.training.objectives import kl_sum, nll_sum
+from loopeval.training.objectives import kl_and_nll_sums, nll_sum
 
 ADAPTER_FOLDER = "adapter"  # convert's unmerged adapters, inside the output folder, if kept
 _CURRICULUM_STREAM, _DEPTH_STREAM = 1, 2  # separate random streams of the loop draws
@@ -132,8 +132,7 @@ class Convert(Recipe):
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
         with self._teacher():
             teacher = model(**inputs).logits
-        student = model(**inputs).logits
-        kl, nll = kl_sum(teacher, student, batch["labels"]), nll_sum(student, batch["labels"])
+        kl, nll = kl_and_nll_sums(teacher, model(**inputs).logits, batch["labels"])
         return self.config.kl_weight * kl + self.config.nll_weight * nll, {"kl": kl, "nll": nll}
 
     def teacher_forwards(self) -> int:
