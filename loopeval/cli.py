@@ -211,8 +211,8 @@ def _train(args) -> int:
         print(f"{m['role']:<6}  {r.path}  {m['recipe']}: loss {loss}, {m['tokens']['input']} tokens, "
               f"{m['flops']['train']:.3g} training FLOPs, {m['train_time_s']:.1f} s training")
         for point in m["heldout_curve"]:
-            by = "".join(f", {k} passes {v:.4f}" for k, v in point.get("loss_by_passes", {}).items())
-            print(f"        held-out loss at step {point['step']}: {point['loss']:.4f}{by}")
+            by = ", ".join(f"{k}: {v:.4f}" for k, v in point.get("loss_by_passes", {}).items())
+            print(f"        held-out loss at step {point['step']}: {point['loss']:.4f}" + (f" (by passes {by})" if by else ""))
     data = results[0].manifest["data"]
     if data["rows_truncated"]:
         print(f"{data['rows_truncated']} of {data['rows']} rows were cut to --max-length {config.max_length}")

@@ -294,3 +294,32 @@ def test_cli_only_and_errors(tmp_path, work, capsys):
     assert main(["train", "--base", str(work / "base"), "--data", str(bad), "--loop", "1:3x2",
                  "--out", str(tmp_path / "x")]) == 2
     assert f"{bad}:1" in capsys.readouterr().err
+
+
+def test_heldout_loss_and_intermediate_checkpoints(tmp_path, work, tokenizer):
+    held = write_jsonl(tmp_path / "held.jsonl", [{"text": " ".join(LETTERS[(7 * i + 3 * k) % 10] for k in range(11))}
+                                                 for i in range(3)])
+    config = dataclasses.replace(CONFIG, steps=4, warmup=0, save_every=2)
+    result = train_model(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "m", config=config,
+                         heldout=held, progress=False)
+    curve = result.manifest["heldout_curve"]
+    assert [p["step"] for p in curve] == [2, 4] and result.manifest["checkpoints"][0]["path"] == "checkpoint-2"
+    data = load_data(held, tokenizer, max_length=64)
+
+    def mean_nll(model):
+        total = count = 0
+        with torch.no_grad():
+            for i in range(len(data)):
+                ids = torch.tensor(data.row(i)[0]).unsqueeze(0)
+                total += model(ids, labels=ids).loss.item() * (ids.shape[1] - 1)
+                count += ids.shape[1] - 1
+        return total / count
+
+    for point, path in zip(curve, [result.path / "checkpoint-2", result.path]):
+        model, _ = load_model(path)
+        assert str(loop_config(model).spec) == "1:3x2"
+        assert point["loss"] == pytest.approx(mean_nll(model), rel=1e-5) == point["loss_by_passes"]["2"]
+        from loopeval import remove_loop
+
+        assert point["loss_by_passes"]["1"] == pytest.approx(mean_nll(remove_loop(model)), rel=1e-5)
+    assert result.manifest["heldout"]["rows"] == 3 and result.manifest["recipe"] == "full"

@@ -44,9 +44,10 @@ def loop_draw(seed: int, step: int, stream: int) -> np.random.Generator:
 
 
 class Recipe:
-    """``full``: every parameter trains on the next-token NLL."""
+    """A recipe's part of training; these defaults are ``full``'s: every parameter trains
+    on the next-token NLL at the loop's own depth, and the trained model is saved as is."""
 
-    name = "full"
+    name = ""
 
     def __init__(self, config: TrainConfig, loop: LoopConfig | None):
         self.config, self.loop = config, loop
@@ -78,6 +79,12 @@ class Recipe:
 
     def record(self) -> dict:
         return {}
+
+
+class Full(Recipe):
+    """``full``: full fine-tuning (paper A.3, the short and long fine-tunes)."""
+
+    name = "full"
 
 
 class Convert(Recipe):
@@ -176,7 +183,7 @@ class ContinuedPretraining(Recipe):
         return {"kind": "random_depth", "range": list(self.config.passes), "passes": depths}
 
 
-RECIPE_CLASSES = {cls.name: cls for cls in (Recipe, Convert, ContinuedPretraining)}
+RECIPE_CLASSES = {cls.name: cls for cls in (Full, Convert, ContinuedPretraining)}
 
 
 def make_recipe(config: TrainConfig, loop: LoopConfig | None) -> Recipe:

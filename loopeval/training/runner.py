@@ -153,7 +153,6 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
 
     order = batch_order(len(data), batch_size=config.batch_size, steps=config.steps, seed=config.data_seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    size_of = lambda n: config.micro_batch_size or n  # noqa: E731
     depths_measured = [None, *heldout_depths(loop, config)] if loop is not None else [None]
     batches_hash = hashlib.sha256()
     input_tokens = loss_tokens = 0
@@ -176,7 +175,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         teacher_flops += recipe.teacher_forwards() * flops(data.lengths[rows], 1)
 
         mine = rows[rank::world]
-        size = size_of(len(mine))
+        size = config.micro_batch_size or len(mine)
         chunks = [mine[i:i + size] for i in range(0, len(mine), size)]
         for group in optimizer.param_groups:
             group["lr"] = config.lr_at(step)
@@ -209,8 +208,8 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         last = step + 1 == config.steps
         if heldout is not None and (last or (config.save_every and (step + 1) % config.save_every == 0)):
             t0 = time.perf_counter()
-            losses = _heldout_loss(wrapped, core, heldout, depths_measured, size_of(max(1, len(heldout) // world)),
-                                   pad_id, accelerator)
+            size = config.micro_batch_size or -(-len(heldout) // world)
+            losses = _heldout_loss(wrapped, core, heldout, depths_measured, size, pad_id, accelerator)
             point = {"step": step + 1, "tokens": input_tokens, "loss": losses[None]}
             if len(depths_measured) > 1:
                 point["loss_by_passes"] = {str(d): losses[d] for d in depths_measured[1:]}
