@@ -33,6 +33,9 @@ def tasks(tmp_path_factory):
     (folder / "gsm8k_boxed.yaml").write_text(yaml.safe_dump({
         "include": str(tasks_path() / "gsm8k_boxed.yaml"), "task": "gsm8k_boxed", "dataset_path": "json",
         "dataset_name": None, "dataset_kwargs": {"data_files": {"test": str(FIXTURES / "gsm8k.jsonl")}, "cache_dir": cache}}))
+    (folder / "math500_boxed.yaml").write_text(yaml.safe_dump({
+        "include": str(tasks_path() / "math500_boxed.yaml"), "task": "math500_boxed", "dataset_path": "json",
+        "dataset_name": None, "dataset_kwargs": {"data_files": {"test": str(FIXTURES / "math500.jsonl")}, "cache_dir": cache}}))
     (folder / "toy_qa.yaml").write_text(yaml.safe_dump({
         "task": "toy_qa", "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(write_jsonl(folder / "toy.jsonl", TOY))},
                                                                      "cache_dir": cache},
@@ -132,6 +135,16 @@ def test_training_records_the_decontamination_of_its_data(tmp_path, tasks, token
     with pytest.warns(UserWarning, match="changed after decontamination"):
         assert load_data(tmp_path / "clean.jsonl", tokenizer, max_length=64).decontamination is None
     assert decontamination_record(tmp_path / "train.jsonl", "0" * 64) is None
+
+
+def test_groups_expand_to_their_tasks(tasks):
+    from loopeval.training.decontamination import eval_documents
+
+    docs = eval_documents(["loop_core"], include_path=tasks)  # loopeval's group over the local task files
+    math500 = [json.loads(line) for line in (FIXTURES / "math500.jsonl").read_text().splitlines()]
+    assert [(d.task, d.doc_id) for d in docs] == [("gsm8k_boxed", i) for i in range(len(GSM8K))] + [
+        ("math500_boxed", i) for i in range(len(math500))]
+    assert GSM8K[1]["question"] in docs[1].texts and math500[0]["solution"] in docs[len(GSM8K)].texts
 
 
 def test_bad_input(tmp_path, tasks):
