@@ -19,8 +19,8 @@ _EXPORTS = {
     "loop_cost": "loopeval.cost",
     "check_cache": "loopeval.cache_check",
     # train twins
-    "TrainConfig": "loopeval.train",
-    "train_twins": "loopeval.train",
+    "TrainConfig": "loopeval.training",
+    "train_twins": "loopeval.training",
     # compare evaluations (baseline first)
     "load_run": "loopeval.runs",
     "pair_runs": "loopeval.runs",

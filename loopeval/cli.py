@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from loopeval.manifest import RECIPES
+
 
 def _add_check_cache(sub) -> None:
     p = sub.add_parser(
@@ -188,10 +190,12 @@ def _power(args) -> int:
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="fine-tune an unlooped twin and a looped model identically",
+        help="train an unlooped twin and a looped model identically (full, convert or cpt)",
         description=(
-            "Fully fine-tune BASE twice on the same JSONL rows, batches, order, seeds and steps: without the "
+            "Train BASE twice by one recipe on the same JSONL rows, batches, order, seeds and steps: without the "
             "loop into OUT/twin and with it into OUT/looped (or one of them with --only, for separate jobs). "
+            "Recipes: full (full fine-tune), convert (LoRA through the loop, KL to the unmodified model, "
+            "merged at the end), cpt (continued pretraining on packed text, held-out loss per pass count). "
             "Each folder is a checkpoint with training_manifest.json. Options left out take TrainConfig's "
             "defaults (docs/training.md). Data-parallel: accelerate launch -m loopeval train ..."
         ),
@@ -201,30 +205,57 @@ def _add_train(sub) -> None:
     p.add_argument("--loop", help="loop spec of the looped model, e.g. 8:16x2 (required unless --only twin)")
     p.add_argument("--out", required=True, help="output folder; the models go to OUT/twin and OUT/looped")
     p.add_argument("--only", choices=["twin", "looped"], help="train only this one of the two")
+    p.add_argument("--heldout", help="JSONL rows kept out of training, measured at every checkpoint (required by cpt)")
+    p.add_argument("--keep-adapters", action="store_true", help="convert: also save the unmerged adapters to OUT/*/adapter")
     p.add_argument("--operator", default="repeat", choices=["repeat", "damped"])
     p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--mix", type=float, default=None, help="fixed input-mixing logit (not learned)")
     p.add_argument("--overwrite", action="store_true", help="write into non-empty output folders")
     config = p.add_argument_group("training (TrainConfig)")
+    config.add_argument("--recipe", default=argparse.SUPPRESS, choices=RECIPES, help="default: full")
     for flag, type_, help_ in [
         ("--steps", int, "optimizer steps"),
         ("--batch-size", int, "global batch, in rows"),
         ("--micro-batch-size", int, "rows per forward on each process"),
-        ("--lr", float, "peak learning rate"),
-        ("--min-lr-ratio", float, "final learning rate / peak"),
+        ("--lr", float, "peak learning rate (default per recipe)"),
+        ("--min-lr-ratio", float, "final learning rate / peak (default per recipe; cpt: 1, constant)"),
         ("--warmup", int, "linear warm-up steps"),
         ("--weight-decay", float, "AdamW weight decay of matrices and embeddings"),
         ("--grad-clip", float, "gradient-norm clip; 0: off"),
-        ("--max-length", int, "tokens per row; longer rows are cut"),
-        ("--seed", int, "training seed (dropout)"),
+        ("--max-length", int, "tokens per row; longer rows are cut (cpt: the packed row length)"),
+        ("--seed", int, "training seed (dropout, LoRA initialisation, loop draws)"),
         ("--data-seed", int, "batch-order seed"),
         ("--dtype", str, "weight dtype: float32, bfloat16 or float16"),
         ("--log-every", int, "steps per loss-curve point"),
+        ("--save-every", int, "steps between intermediate checkpoints and held-out measurements (full, cpt)"),
+        ("--lora-rank", int, "convert: LoRA rank"),
+        ("--lora-alpha", float, "convert: LoRA alpha (scale alpha/rank)"),
+        ("--lora-dropout", float, "convert: LoRA dropout"),
+        ("--lora-targets", _lora_targets, "convert: all-linear (default), module names a,b,c, or a regular expression"),
+        ("--kl-weight", float, "convert: weight of KL(teacher || student) (default 0.9)"),
+        ("--nll-weight", float, "convert: weight of the NLL (default 0.1)"),
+        ("--curriculum", float, "convert: fraction of steps over which p(loop) rises 0 -> 1 (default 1/3)"),
+        ("--passes", _passes, "cpt: random depth, every window's passes drawn per batch from a range, e.g. 1-3"),
     ]:
         config.add_argument(flag, type=type_, default=argparse.SUPPRESS, help=help_)
     config.add_argument("--activation-checkpointing", action="store_true", default=argparse.SUPPRESS,
                         help="recompute layer activations in the backward pass to save memory")
     p.set_defaults(func=_train)
+
+
+def _passes(text: str) -> tuple[int, int]:
+    from loopeval.training.config import parse_passes
+
+    try:
+        return parse_passes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _lora_targets(text: str):
+    from loopeval.training.config import parse_targets
+
+    return parse_targets(text)
 
 
 def _train(args) -> int:
@@ -234,13 +265,15 @@ def _train(args) -> int:
     from accelerate import PartialState
 
     from loopeval.manifest import twin_mismatches
-    from loopeval.train import LOOPED, TWIN, TrainConfig, train_model, train_twins
+    from loopeval.training.config import TrainConfig
+    from loopeval.training.runner import LOOPED, TWIN
+    from loopeval.training.twins import train_model, train_twins
 
     if args.loop is None and args.only != TWIN:
         raise ValueError("--loop is required unless --only twin")
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
     loop = dict(operator=args.operator, beta=args.beta, mix=args.mix)
-    common = dict(config=config, overwrite=args.overwrite)
+    common = dict(config=config, overwrite=args.overwrite, heldout=args.heldout, keep_adapters=args.keep_adapters)
     out = Path(args.out)
     if args.only == TWIN:
         results = [train_model(args.base, args.data, out=out / TWIN, **common)]
@@ -253,14 +286,54 @@ def _train(args) -> int:
     for r in results:
         m = r.manifest
         loss = " -> ".join(f"{x:.4f}" for _, x in (m["loss_curve"][0], m["loss_curve"][-1])[:len(m["loss_curve"])])
-        print(f"{m['role']:<6}  {r.path}  loss {loss}, {m['tokens']['input']} tokens, "
+        print(f"{m['role']:<6}  {r.path}  {m['recipe']}: loss {loss}, {m['tokens']['input']} tokens, "
               f"{m['flops']['train']:.3g} training FLOPs, {m['train_time_s']:.1f} s training")
+        for point in m["heldout_curve"]:
+            by = ", ".join(f"{k}: {v:.4f}" for k, v in point.get("loss_by_passes", {}).items())
+            print(f"        held-out loss at step {point['step']}: {point['loss']:.4f}" + (f" (by passes {by})" if by else ""))
     data = results[0].manifest["data"]
     if data["rows_truncated"]:
         print(f"{data['rows_truncated']} of {data['rows']} rows were cut to --max-length {config.max_length}")
+    if data["decontamination"] is None:
+        print(f"note: {data['path']} was not made by `loopeval decontaminate`; the manifests record it as not decontaminated")
     if len(results) == 2:
         mismatches = twin_mismatches(results[0].manifest, results[1].manifest)
         print("twins: identical apart from the loop" if not mismatches else "twins DIFFER: " + "; ".join(mismatches))
+    return 0
+
+
+def _add_decontaminate(sub) -> None:
+    p = sub.add_parser(
+        "decontaminate",
+        help="remove training rows that share an n-gram of lower-cased words with lm-eval test sets",
+        description=(
+            "Copy DATA (JSONL) to --out without every row that shares an n-gram (default 13) of lower-cased words "
+            "with a test document of the given lm-eval tasks or groups (default: the paper's GSM8K test, MATH-500, "
+            "AIME 2024/2025 and GPQA-Diamond). Writes OUT.removed.jsonl (row, task, doc_id, shared n-gram) and "
+            "OUT.decontamination.json, which training records in its manifest."
+        ),
+    )
+    p.add_argument("data", help="training JSONL")
+    p.add_argument("--against", type=lambda s: [t.strip() for t in s.split(",") if t.strip()], default=None,
+                   metavar="TASK[,TASK...]", help="lm-eval tasks or groups (default: the paper's five test sets)")
+    p.add_argument("--out", required=True, help="the decontaminated JSONL")
+    p.add_argument("--n", type=int, default=None, help="n-gram length in words (default 13)")
+    p.add_argument("--include-path", action="append", help="folder of further lm-eval task YAMLs (repeatable)")
+    p.add_argument("--removed", help="where to list the removed rows (default OUT.removed.jsonl)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.set_defaults(func=_decontaminate)
+
+
+def _decontaminate(args) -> int:
+    from loopeval.training.decontamination import DEFAULT_N, PAPER_TEST_SETS, decontaminate
+
+    result = decontaminate(args.data, out=args.out, against=args.against or PAPER_TEST_SETS,
+                           n=args.n if args.n is not None else DEFAULT_N, include_path=args.include_path,
+                           removed=args.removed, overwrite=args.overwrite)
+    print(f"kept {result.kept} of {result.rows} rows -> {result.out}")
+    print(f"removed {result.removed} -> {result.removed_path}"
+          + "".join(f"\n  {task}: {n} rows" for task, n in result.removed_by_task.items()))
+    print(f"record -> {result.record_path}")
     return 0
 
 
@@ -391,18 +464,20 @@ def _add_demo(sub) -> None:
     p.add_argument("--out", default="loopeval-demo", help="output folder (default: ./loopeval-demo)")
     p.add_argument("--size", default="default", choices=["default", "tiny"], help="tiny: a one-minute smoke test")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--recipe", default="full", choices=["full", "convert"],
+                   help="convert: fine-tune the base, then convert it with LoRA through the loop (and its twin)")
     p.set_defaults(func=_demo)
 
 
 def _demo(args) -> int:
     from loopeval.demo import run_demo
 
-    run_demo(args.out, size=args.size, seed=args.seed)
+    run_demo(args.out, size=args.size, seed=args.seed, recipe=args.recipe)
     return 0
 
 
-_SUBCOMMANDS = [_add_demo, _add_check_cache, _add_train, _add_protocol, _add_compare, _add_power, _add_report,
-                _add_score_audit, _add_tasks_path]
+_SUBCOMMANDS = [_add_demo, _add_check_cache, _add_decontaminate, _add_train, _add_protocol, _add_compare,
+                _add_power, _add_report, _add_score_audit, _add_tasks_path]
 
 
 def build_parser() -> argparse.ArgumentParser:

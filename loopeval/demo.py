@@ -3,7 +3,8 @@
 1. Make a synthetic reasoning task (``loopeval.synthetic``): arithmetic word problems
    with worked, boxed solutions; train and a decontaminated test split.
 2. Build a tiny Qwen3-style model and a BPE tokenizer trained on the task.
-3. Train an unlooped twin and a looped model from it, identically (``loopeval.train``).
+3. Train an unlooped twin and a looped model from it, identically (``loopeval.training``);
+   with ``recipe="convert"``, fine-tune the base first, then convert it with LoRA.
 4. Write a study file (``OUT/study.yaml``) and run it with the protocol runner
    (``loopeval.study``): both models through lm-eval's ``looped`` model at 0.5, 1, 1.5
    and 2x the token budget, with and without budget forcing (16 real lm-eval runs, with
@@ -93,8 +94,10 @@ def write_study(out: Path, task_folder: Path, twin: Path, looped: Path) -> Path:
     return path
 
 
-def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: int = 0) -> Path:
-    """Run every stage into ``out`` and return the report's path."""
+def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: int = 0, recipe: str = "full") -> Path:
+    """Run every stage into ``out`` and return the report's path. ``recipe="convert"``
+    fine-tunes the base without a loop, then trains the twin and the looped model from
+    it by LoRA conversion (paper A.3) for half the steps."""
     import torch
 
     from loopeval.checkpoint import save_model
@@ -103,10 +106,12 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     from loopeval.study import run_study
     from loopeval.synthetic import make_splits, write_splits
     from loopeval.tiny import tiny_model, tiny_tokenizer
-    from loopeval.train import TrainConfig, train_twins
+    from loopeval.training import TrainConfig, train_model, train_twins
 
     if size not in SIZES:
         raise ValueError(f"demo size {size!r}: choose one of {', '.join(SIZES)}")
+    if recipe not in ("full", "convert"):
+        raise ValueError(f"demo recipe {recipe!r}: choose full or convert")
     spec = SIZES[size]
     out = Path(out).resolve()
     if out.exists() and any(out.iterdir()) and not (out / "demo.json").is_file():
@@ -132,7 +137,14 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
         steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=max(1, spec.steps // 12),
         max_length=160, seed=seed, data_seed=seed, log_every=max(1, spec.steps // 20),
     )
-    twin, looped = train_twins(out / "base", train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True)
+    start_from = out / "base"
+    if recipe == "convert":
+        _say(f"    convert: the base is fine-tuned without a loop first, then converted with LoRA ({spec.steps // 2} steps)")
+        start_from = train_model(start_from, train_file, out=out / "finetuned", config=config, overwrite=True).path
+        config = TrainConfig(recipe="convert", steps=spec.steps // 2, batch_size=spec.batch_size, lr=spec.lr,
+                             warmup=max(1, spec.steps // 24), max_length=160, seed=seed, data_seed=seed + 1,
+                             log_every=max(1, spec.steps // 40))
+    twin, looped = train_twins(start_from, train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True)
 
     task_folder = _task_folder(out, test_file)
     study = write_study(out, task_folder, twin.path, looped.path)
@@ -145,7 +157,8 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     _say("5/5 statistics and the report")
     data = json.loads((out / "report.json").read_text())
     report = result.report
-    (out / "demo.json").write_text(json.dumps({"size": size, "seed": seed, "loop": LOOP, "seconds": time.time() - start}))
+    (out / "demo.json").write_text(json.dumps({"size": size, "seed": seed, "loop": LOOP, "recipe": recipe,
+                                               "seconds": time.time() - start}))
     chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
     for row in data["decoding"]:
         _say(f"  {row['setting']:24s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")

@@ -30,6 +30,7 @@ import copy
 import json
 import math
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,6 +306,43 @@ def loop_config(model: nn.Module) -> LoopConfig | None:
     return runtime.config if runtime is not None else None
 
 
+# -- the depth of one forward (training: the curriculum, random depth, a teacher) ------
+
+
+@contextmanager
+def loop_passes(model: nn.Module, passes: int):
+    """Run every window of ``model``'s loop ``passes`` times in total for the forwards
+    inside the block, then restore the loop's own depth.
+
+    ``passes=1`` computes the unlooped base model exactly (:func:`loop_disabled`); an
+    unlooped model accepts only 1. A window's extra call sites own cache slots only up
+    to its own ``K``, so a deeper forward must run with ``use_cache=False``. Windows
+    written with ``K = 1`` carry no hooks and cannot be deepened. ``model`` is the looped
+    model or a wrapper whose attribute lookups reach it (a PEFT model).
+    """
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"loop_passes: passes must be an integer >= 1, got {passes!r}")
+    runtime = getattr(model, "_loopeval", None)
+    if runtime is None:
+        if passes != 1:
+            raise ValueError(f"loop_passes({passes}): the model has no loop")
+        yield model
+        return
+    flat = [w for w in runtime.config.spec.windows if w.times == 1]
+    if flat and passes != 1:
+        raise ValueError(f"loop_passes({passes}): window {flat[0]} has K = 1 and no hooks; loop it (K >= 2) to vary its depth")
+    previous, runtime.passes = runtime.passes, passes
+    try:
+        yield model
+    finally:
+        runtime.passes = previous
+
+
+def loop_disabled(model: nn.Module):
+    """The base model for the forwards inside the block: ``loop_passes(model, 1)``."""
+    return loop_passes(model, 1)
+
+
 def _cache_of(kwargs: dict):
     return kwargs.get("cache", kwargs.get("past_key_values"))
 
@@ -333,6 +371,7 @@ class _LoopRuntime:
             self.slot_maps.append(by_pass)
         self.mix_weight = None if config.mix is None else 1.0 / (1.0 + math.exp(-config.mix))
         self.replaying = False
+        self.passes = None  # loop_passes: every window's K for now (None: the spec's own)
         self.recorded = [dict() for _ in config.spec.windows]  # layer -> kwargs of the current forward
         self.x0 = [None for _ in config.spec.windows]
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -405,7 +444,6 @@ class _LoopRuntime:
 
     def _looper(self, wi: int):
         window = self.config.spec.windows[wi]
-        K = window.times
 
         def g(h: torch.Tensor, t: int) -> torch.Tensor:
             for j in range(window.start, window.end):
@@ -413,6 +451,9 @@ class _LoopRuntime:
                 kwargs.pop("hidden_states", None)
                 cache = _cache_of(kwargs)
                 if cache is not None:
+                    if t not in self.slot_maps[wi]:
+                        raise ValueError(f"loop_passes({t}) deepens window {window} past its own K, which has no "
+                                         "cache slots; run that forward with use_cache=False")
                     kwargs = _with_cache(kwargs, self._view(cache, self.slot_maps[wi][t]))
                 out = self.layers[j](h, **kwargs)
                 h = out[0] if isinstance(out, tuple) else out
@@ -425,6 +466,10 @@ class _LoopRuntime:
 
         def hook(module, args, kwargs, output):
             if self.replaying:
+                return None
+            K = window.times if self.passes is None else self.passes
+            if K == 1:  # loop_disabled: the base model's output, untouched
+                self.recorded[wi], self.x0[wi] = {}, None
                 return None
             y1 = output[0] if isinstance(output, tuple) else output
             x0 = self.x0[wi]

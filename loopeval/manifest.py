@@ -1,23 +1,53 @@
 """Training manifests: reading them and comparing twins. Torch-free, so the report can use it.
 
-``loopeval.train`` writes ``training_manifest.json`` beside every checkpoint it trains;
+``loopeval.training`` writes ``training_manifest.json`` beside every checkpoint it trains;
 it records what a report needs to confirm that two models are twins (hashes of the
-data, the initial weights and every batch) and what legitimately differs (the loop,
-FLOPs, losses).
+data, the initial weights, the adapters' initialisation and every batch) and what
+legitimately differs (the loop, its draws and its cost, and the results).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST_NAME = "training_manifest.json"
-MANIFEST_FORMAT = "loopeval-training/1"
+MANIFEST_FORMAT = "loopeval-training/2"
+_READABLE = (MANIFEST_FORMAT, "loopeval-training/1")  # format 1: full fine-tunes before recipes existed
 
-# Manifest fields that legitimately differ between twins: the loop and what it changes,
-# and where and when things ran. Paths are covered by the data and weight hashes.
-TWIN_DIFFERENCES = ("role", "loop", "flops", "loss_curve", "final_weights_sha256", "train_time_s", "finished_at",
-                    "base", "data.path")
+RECIPES = ("full", "convert", "cpt")
+"""Training recipes (paper A.3): full fine-tuning, LoRA conversion through the loop,
+and continued pretraining through the loop."""
+
+
+@dataclass(frozen=True)
+class TwinRule:
+    """What two manifests of one recipe may differ in and still be twins.
+
+    ``may_differ``: the loop and what it changes (its draws, its cost, the losses and
+    weights it leads to) and where and when training ran (paths are covered by hashes).
+    ``must_share``: evidence both twins must carry, equal (missing from both is a
+    mismatch too). Every other field must be equal where either manifest has it.
+    """
+
+    may_differ: tuple[str, ...]
+    must_share: tuple[str, ...]
+
+
+_LOOP = ("role", "loop", "flops")
+_RESULTS = ("loss_curve", "heldout_curve", "final_weights_sha256")
+_RUN = ("base", "data.path", "heldout.path", "train_time_s", "finished_at", "checkpoints", "adapters")
+_SHARED = ("base_weights_sha256", "data.sha256", "batches_sha256", "tokens")
+
+TWIN_RULES = {
+    "full": TwinRule(_LOOP + _RESULTS + _RUN, _SHARED),
+    # the curriculum's draws switch the loop on and off; the KL and NLL terms are results
+    "convert": TwinRule(_LOOP + ("loop_draws", "loss_terms") + _RESULTS + _RUN,
+                        _SHARED + ("lora.init_sha256", "lora.modules", "parameters")),
+    # random depth draws the loop's passes per batch; both twins measure the same held-out rows
+    "cpt": TwinRule(_LOOP + ("loop_draws",) + _RESULTS + _RUN, _SHARED + ("heldout.sha256",)),
+}
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -30,7 +60,7 @@ def read_manifest(path: str | Path) -> dict:
         manifest = json.loads(file.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{file}: not valid JSON ({exc.msg})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in _READABLE:
         raise ValueError(f"{file}: not a {MANIFEST_FORMAT} training manifest")
     return manifest
 
@@ -42,27 +72,48 @@ def find_manifest(checkpoint: str | Path | None) -> dict | None:
     return read_manifest(checkpoint)
 
 
+def manifest_recipe(manifest: dict) -> str:
+    """The recipe a manifest was trained with (format 1 manifests are full fine-tunes)."""
+    return manifest.get("recipe", "full")
+
+
 def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in d.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:
             out.update(_flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
 
 
+def _under(key: str, fields: tuple[str, ...]) -> bool:
+    return any(key == f or key.startswith(f + ".") for f in fields)
+
+
 def twin_mismatches(a: dict, b: dict) -> list[str]:
-    """Every difference between two training manifests other than the loop and what it
-    legitimately changes (:data:`TWIN_DIFFERENCES`: FLOPs, losses, final weights, timing,
-    paths), as ``"field: A != B"`` lines; ``[]`` for true twins."""
+    """Every way two training manifests fail to be twins under their recipe's
+    :class:`TwinRule` (:data:`TWIN_RULES`), as ``"field: A != B"`` lines; ``[]`` for twins.
+
+    Manifests of different recipes are never twins. The arguments are symmetric.
+    """
+    recipe_a, recipe_b = manifest_recipe(a), manifest_recipe(b)
+    if recipe_a != recipe_b:
+        return [f"recipe: {recipe_a!r} != {recipe_b!r}"]
+    if recipe_a not in TWIN_RULES:
+        return [f"recipe: {recipe_a!r} is not one of {', '.join(RECIPES)}"]
+    rule = TWIN_RULES[recipe_a]
     fa, fb = _flatten(a), _flatten(b)
+    # evidence missing from one side shows below as "<missing>"; missing from both, here
+    lines = [f"{field}: missing from both manifests" for field in rule.must_share
+             if not any(_under(k, (field,)) for k in fa.keys() | fb.keys())]
     missing = "<missing>"
-    lines = []
+    reported: tuple[str, ...] = ()
     for key in sorted(fa.keys() | fb.keys()):
-        if any(key == p or key.startswith(p + ".") for p in TWIN_DIFFERENCES):
+        if _under(key, rule.may_differ + reported):  # a field already reported whole (a value against an object)
             continue
         va, vb = fa.get(key, missing), fb.get(key, missing)
         if va != vb:
             lines.append(f"{key}: {va!r} != {vb!r}")
+            reported += (key,)
     return lines

@@ -1,10 +1,11 @@
-"""Twin training: the twins differ only by the loop, and the manifest proves it."""
+"""Twin training (recipe full): the twins differ only by the loop, and the manifest proves it."""
 
 import copy
 import dataclasses
 import gc
 import hashlib
 import json
+import os
 import string
 import subprocess
 import sys
@@ -16,11 +17,20 @@ from loopeval import load_model, loop_config, save_model
 from loopeval.cli import main
 from loopeval.tiny import tiny_model
 from loopeval.manifest import read_manifest, twin_mismatches
-from loopeval.train import TrainConfig, load_data, train_model, train_twins, weights_sha256
+from loopeval.training import TrainConfig, load_data, train_model, train_twins, weights_sha256
 
 LETTERS = string.ascii_lowercase[:10]
 # 16 rows, 8 per batch, 40 steps: exactly 20 epochs, so every row is seen 20 times
 CONFIG = TrainConfig(steps=40, batch_size=8, lr=3e-3, warmup=4, max_length=64, log_every=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny models: on the shared 2-core machine a second thread costs far more than it saves
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def write_jsonl(path, rows):
@@ -264,7 +274,7 @@ def test_cli_trains_both_twins(tmp_path, work):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "loopeval", "train", "--base", str(work / "base"), "--data", str(work / "data.jsonl"),
            "--loop", "1:3x2", "--out", str(out), "--steps", "2", "--batch-size", "4", "--max-length", "32", "--seed", "3"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert str(out / "twin") in proc.stdout and str(out / "looped") in proc.stdout
     assert "identical apart from the loop" in proc.stdout
@@ -284,3 +294,32 @@ def test_cli_only_and_errors(tmp_path, work, capsys):
     assert main(["train", "--base", str(work / "base"), "--data", str(bad), "--loop", "1:3x2",
                  "--out", str(tmp_path / "x")]) == 2
     assert f"{bad}:1" in capsys.readouterr().err
+
+
+def test_heldout_loss_and_intermediate_checkpoints(tmp_path, work, tokenizer):
+    held = write_jsonl(tmp_path / "held.jsonl", [{"text": " ".join(LETTERS[(7 * i + 3 * k) % 10] for k in range(11))}
+                                                 for i in range(3)])
+    config = dataclasses.replace(CONFIG, steps=4, warmup=0, save_every=2)
+    result = train_model(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "m", config=config,
+                         heldout=held, progress=False)
+    curve = result.manifest["heldout_curve"]
+    assert [p["step"] for p in curve] == [2, 4] and result.manifest["checkpoints"][0]["path"] == "checkpoint-2"
+    data = load_data(held, tokenizer, max_length=64)
+
+    def mean_nll(model):
+        total = count = 0
+        with torch.no_grad():
+            for i in range(len(data)):
+                ids = torch.tensor(data.row(i)[0]).unsqueeze(0)
+                total += model(ids, labels=ids).loss.item() * (ids.shape[1] - 1)
+                count += ids.shape[1] - 1
+        return total / count
+
+    for point, path in zip(curve, [result.path / "checkpoint-2", result.path]):
+        model, _ = load_model(path)
+        assert str(loop_config(model).spec) == "1:3x2"
+        assert point["loss"] == pytest.approx(mean_nll(model), rel=1e-5) == point["loss_by_passes"]["2"]
+        from loopeval import remove_loop
+
+        assert point["loss_by_passes"]["1"] == pytest.approx(mean_nll(remove_loop(model)), rel=1e-5)
+    assert result.manifest["heldout"]["rows"] == 3 and result.manifest["recipe"] == "full"

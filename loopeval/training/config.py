@@ -1,0 +1,177 @@
+"""``TrainConfig``: how a model is trained, recipe included. Twins share all of it.
+
+A recipe is data: its name (``recipe``) and its fields, recorded in the manifest. The
+fields of one recipe may not be set under another (a ``ValueError`` names them), and
+``lr`` and ``min_lr_ratio`` default per recipe (:data:`RECIPE_DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from loopeval.manifest import RECIPES
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+RECIPE_DEFAULTS = {
+    "full": {"lr": 1e-5, "min_lr_ratio": 0.1},
+    "convert": {"lr": 1e-4, "min_lr_ratio": 0.1},
+    # Paper A.3: "The learning rate is constant after warm-up, so checkpoints lie on one trajectory."
+    "cpt": {"lr": 1e-5, "min_lr_ratio": 1.0},
+}
+
+RECIPE_FIELDS = {
+    "convert": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "kl_weight", "nll_weight", "curriculum"),
+    "cpt": ("passes",),
+}
+
+ALL_LINEAR = "all-linear"
+"""``lora_targets`` default: every ``nn.Linear`` inside the decoder layers (not the LM head)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a model is trained; twins share all of it.
+
+    Every recipe: ``batch_size`` is the global batch in rows; ``micro_batch_size`` (rows
+    per forward on each process; ``None``: all of its share) and
+    ``activation_checkpointing`` only trade memory for time, up to float rounding. The
+    learning rate warms up linearly for ``warmup`` steps, then follows a cosine to
+    ``min_lr_ratio * lr`` (``None``: the recipe's default). Weight decay applies to
+    matrices and embeddings, not to norms and biases. ``seed`` seeds dropout, the LoRA
+    initialisation and the loop draws, ``data_seed`` the batch order. ``dtype`` is the
+    dtype the weights load and train in; mixed precision is ``accelerate launch
+    --mixed_precision bf16``. ``save_every`` writes an intermediate checkpoint and
+    measures held-out loss every that many steps (``full`` and ``cpt``).
+
+    ``convert`` (paper A.3, "Conversion of Qwen3-8B"): LoRA of rank ``lora_rank``,
+    scale ``lora_alpha / lora_rank`` and ``lora_dropout`` on ``lora_targets`` (PEFT's
+    ``target_modules``: module-name suffixes, or one regular expression; default every
+    linear layer of the decoder, "We train LoRA adapters on every linear layer through
+    the looped computation."). The loss is ``kl_weight * KL(teacher || student) +
+    nll_weight * NLL``: "The loss on reasoning traces is a KL divergence to the
+    unmodified model as teacher (weight 0.9) plus the next-token negative
+    log-likelihood (weight 0.1)". ``curriculum`` is the fraction of steps over which the
+    probability of applying the loop rises linearly from 0 to 1: "the probability of
+    applying it rises from 0 to 1 over the first third of training."
+
+    ``cpt`` (paper A.3, "Continued pretraining"): plain text packed to ``max_length``.
+    ``passes=(lo, hi)`` draws every window's number of passes per batch uniformly from
+    ``lo..hi`` ("The looped model applies the loop a random 1–3 times per batch.");
+    ``None`` trains at the loop's own depth.
+    """
+
+    recipe: str = "full"
+    steps: int = 1000
+    batch_size: int = 32
+    micro_batch_size: int | None = None
+    lr: float | None = None
+    min_lr_ratio: float | None = None
+    warmup: int = 0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    max_length: int = 2048
+    seed: int = 0
+    data_seed: int = 0
+    dtype: str = "float32"
+    activation_checkpointing: bool = False
+    log_every: int = 10
+    save_every: int | None = None
+    # convert
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_targets: str | tuple[str, ...] = ALL_LINEAR
+    kl_weight: float = 0.9
+    nll_weight: float = 0.1
+    curriculum: float = 1 / 3
+    # cpt
+    passes: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        def need(ok: bool, what: str):
+            if not ok:
+                raise ValueError(f"TrainConfig: {what}")
+
+        need(self.recipe in RECIPES, f"recipe {self.recipe!r}: choose one of {', '.join(RECIPES)}")
+        defaults = {f.name: f.default for f in fields(self)}
+        for recipe, names in RECIPE_FIELDS.items():
+            if recipe != self.recipe:
+                for name in names:
+                    need(getattr(self, name) == defaults[name],
+                         f"{name} belongs to recipe {recipe!r}, not {self.recipe!r}")
+        for name, value in RECIPE_DEFAULTS[self.recipe].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if isinstance(self.lora_targets, list):
+            object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        if isinstance(self.passes, list):
+            object.__setattr__(self, "passes", tuple(self.passes))
+
+        need(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
+        need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        need(self.micro_batch_size is None or self.micro_batch_size >= 1,
+             f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}")
+        need(self.lr > 0 and math.isfinite(self.lr), f"lr must be > 0, got {self.lr}")
+        need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+        need(0 <= self.warmup <= self.steps, f"warmup must lie in [0, steps={self.steps}], got {self.warmup}")
+        need(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), f"betas must be two values in [0, 1), got {self.betas}")
+        need(self.grad_clip >= 0, f"grad_clip must be >= 0 (0: no clipping), got {self.grad_clip}")
+        need(self.max_length >= 2, f"max_length must be >= 2, got {self.max_length}")
+        need(self.dtype in DTYPES, f"dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        need(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
+        need(self.save_every is None or self.save_every >= 1, f"save_every must be >= 1 or None, got {self.save_every}")
+        need(self.save_every is None or self.recipe != "convert",
+             "save_every: convert merges its adapters once, at the end; it writes no intermediate checkpoints")
+        need(self.lora_rank >= 1, f"lora_rank must be >= 1, got {self.lora_rank}")
+        need(self.lora_alpha > 0, f"lora_alpha must be > 0, got {self.lora_alpha}")
+        need(0.0 <= self.lora_dropout < 1.0, f"lora_dropout must lie in [0, 1), got {self.lora_dropout}")
+        need(bool(self.lora_targets) and (isinstance(self.lora_targets, str) or all(
+            isinstance(t, str) and t for t in self.lora_targets)),
+             f"lora_targets must be {ALL_LINEAR!r}, a regular expression or module names, got {self.lora_targets!r}")
+        for name in ("kl_weight", "nll_weight"):
+            value = getattr(self, name)
+            need(math.isfinite(value) and value >= 0, f"{name} must be >= 0, got {value}")
+        need(self.kl_weight + self.nll_weight > 0,
+             f"kl_weight + nll_weight must be > 0, got {self.kl_weight} + {self.nll_weight}: nothing to optimise")
+        need(0.0 <= self.curriculum <= 1.0, f"curriculum must be a fraction of the steps in [0, 1], got {self.curriculum}")
+        if self.passes is not None:
+            need(len(self.passes) == 2 and all(isinstance(k, int) and not isinstance(k, bool) for k in self.passes),
+                 f"passes must be a range (lo, hi) of integers, got {self.passes!r}")
+            need(self.passes[0] >= 1, f"passes range {format_passes(self.passes)} starts below 1: a window runs at least once")
+            need(self.passes[0] <= self.passes[1], f"passes range {format_passes(self.passes)} is empty (lo > hi)")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based)."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def parse_passes(text: str) -> tuple[int, int]:
+    """``"1-3"`` -> ``(1, 3)``; ``"2"`` -> ``(2, 2)`` (the ``--passes`` option)."""
+    lo, sep, hi = str(text).strip().partition("-")
+    try:
+        passes = (int(lo), int(hi if sep else lo))
+    except ValueError:
+        raise ValueError(f"passes {text!r}: expected a range such as 1-3, or one number") from None
+    if passes[0] < 1:
+        raise ValueError(f"passes range {text!r} starts below 1: a window runs at least once")
+    return passes
+
+
+def format_passes(passes: tuple[int, int]) -> str:
+    return f"{passes[0]}-{passes[1]}"
+
+
+def parse_targets(text: str) -> str | tuple[str, ...]:
+    """``--lora-targets``: ``all-linear``, a comma-separated list of module names, or a
+    regular expression (any text with a character other than ``[A-Za-z0-9_.,]``)."""
+    text = text.strip()
+    if text == ALL_LINEAR or any(not (c.isalnum() or c in "_.,") for c in text):
+        return text
+    return tuple(t.strip() for t in text.split(",") if t.strip())

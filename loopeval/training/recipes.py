@@ -1,0 +1,226 @@
+"""The recipes (paper A.3): what each one checks, trains, draws and saves.
+
+A recipe is named by ``TrainConfig.recipe`` and carries no state of its own beyond the
+run it serves. The runner (:mod:`loopeval.training.runner`) asks it, in order:
+``preflight`` (before any weights load), ``prepare`` (the trainable module),
+``depth`` (the loop's passes at a step; ``None``: the loop's own), ``losses`` (a
+micro-batch's summed objective and its terms), ``finish`` (the model to save) and
+``record`` (its manifest fields).
+
+* ``full``: full fine-tuning on the NLL.
+* ``convert``: LoRA through the loop with a KL to the unmodified model, a recurrence
+  curriculum, and the adapters merged at the end.
+* ``cpt``: continued pretraining on packed text, optionally at a random depth per batch.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from loopeval.loop import LoopConfig, decoder_layers, loop_disabled
+from loopeval.training.config import ALL_LINEAR, TrainConfig, format_passes
+from loopeval.training.hashing import weights_sha256
+from loopeval.training.objectives import kl_and_nll_sums, nll_sum
+
+ADAPTER_FOLDER = "adapter"  # convert's unmerged adapters, inside the output folder, if kept
+_CURRICULUM_STREAM, _DEPTH_STREAM = 1, 2  # separate random streams of the loop draws
+
+
+def curriculum_probability(step: int, *, steps: int, curriculum: float) -> float:
+    """p(step): the probability of applying the loop at optimizer step ``step`` (0-based),
+    rising linearly from 0 at step 0 to 1 at ``curriculum * steps`` and 1 after."""
+    ramp = curriculum * steps
+    return 1.0 if ramp <= 0 else min(1.0, step / ramp)
+
+
+def loop_draw(seed: int, step: int, stream: int) -> np.random.Generator:
+    """The random generator of one step's loop draw: a function of the seed and the step
+    only, so every process draws the same and a draw does not depend on earlier ones."""
+    return np.random.default_rng([seed, stream, step])
+
+
+class Recipe:
+    """A recipe's part of training; these defaults are ``full``'s: every parameter trains
+    on the next-token NLL at the loop's own depth, and the trained model is saved as is."""
+
+    name = ""
+
+    def __init__(self, config: TrainConfig, loop: LoopConfig | None):
+        self.config, self.loop = config, loop
+
+    def preflight(self, base, *, heldout) -> None:
+        """Checks that need the base's config, before any weights load."""
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def depth(self, step: int) -> int | None:
+        return None
+
+    def draws(self, depths: list[int | None]) -> dict | None:
+        """The manifest's record of the loop draws (``None``: the recipe draws nothing)."""
+        return None
+
+    def losses(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        nll = nll_sum(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits,
+                      batch["labels"])
+        return nll, {}
+
+    def teacher_forwards(self) -> int:
+        """Extra forward passes of the unmodified model per training forward."""
+        return 0
+
+    def finish(self, model: torch.nn.Module, out: Path, *, keep_adapters: bool) -> torch.nn.Module:
+        return model
+
+    def record(self) -> dict:
+        return {}
+
+
+class Full(Recipe):
+    """``full``: full fine-tuning (paper A.3, the short and long fine-tunes)."""
+
+    name = "full"
+
+
+class Convert(Recipe):
+    """``convert`` (paper A.3): "We train LoRA adapters on every linear layer through the
+    looped computation. All iterations share the adapters, and we merge them afterwards,
+    so the model gains no parameters."
+
+    The adapters go on the looped model, so every pass uses them. The teacher is the
+    unmodified base model computed by the same weights: adapters disabled (PEFT) and
+    the loop switched off (:func:`loopeval.loop.loop_disabled`), in eval mode, without
+    gradients. The twin runs the same recipe without the loop: the same data order,
+    LoRA initialisation (seeded by ``seed``) and teacher.
+    """
+
+    name = "convert"
+
+    def preflight(self, base, *, heldout) -> None:
+        self.modules = lora_modules(base, self.config.lora_targets)
+
+    def prepare(self, model):
+        from peft import LoraConfig, get_peft_model
+
+        c = self.config
+        torch.manual_seed(c.seed)  # the adapters' initialisation, the same for both twins
+        self.peft = get_peft_model(model, LoraConfig(r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout,
+                                                     target_modules=list(self.modules), bias="none"))
+        self.core = model
+        adapters = {n: p for n, p in self.peft.named_parameters() if p.requires_grad}
+        self._record = {"lora": {"modules": len(self.modules), "trainable": sum(p.numel() for p in adapters.values()),
+                                 "init_sha256": weights_sha256(adapters)}}
+        return self.peft
+
+    def depth(self, step: int) -> int | None:
+        c = self.config
+        p = curriculum_probability(step, steps=c.steps, curriculum=c.curriculum)
+        return None if loop_draw(c.seed, step, _CURRICULUM_STREAM).random() < p else 1
+
+    def draws(self, depths):
+        return {"kind": "curriculum", "curriculum": self.config.curriculum, "applied": [int(d is None) for d in depths]}
+
+    @contextmanager
+    def _teacher(self):
+        training = self.peft.training
+        self.peft.eval()
+        try:
+            with torch.no_grad(), self.peft.disable_adapter(), loop_disabled(self.core):
+                yield
+        finally:
+            self.peft.train(training)
+
+    def losses(self, model, batch):
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
+        with self._teacher():
+            teacher = model(**inputs).logits
+        kl, nll = kl_and_nll_sums(teacher, model(**inputs).logits, batch["labels"])
+        return self.config.kl_weight * kl + self.config.nll_weight * nll, {"kl": kl, "nll": nll}
+
+    def teacher_forwards(self) -> int:
+        return 1
+
+    def finish(self, model, out, *, keep_adapters):
+        if keep_adapters:
+            model.save_pretrained(out / ADAPTER_FOLDER)
+        return model.merge_and_unload()
+
+    def record(self) -> dict:
+        return self._record
+
+
+class ContinuedPretraining(Recipe):
+    """``cpt`` (paper A.3): "The looped model applies the loop a random 1–3 times per
+    batch." With ``passes``, every window's pass count is drawn per step, uniformly from
+    the range; held-out loss is measured at every checkpoint for every pass count."""
+
+    name = "cpt"
+
+    def preflight(self, base, *, heldout) -> None:
+        if heldout is None:
+            raise ValueError("recipe cpt measures held-out loss at every checkpoint; give heldout= (--heldout FILE), "
+                             "plain-text rows kept out of training")
+        if self.config.passes is not None and self.loop is not None:
+            flat = [w for w in self.loop.spec.windows if w.times == 1]
+            if flat:
+                raise ValueError(f"passes {format_passes(self.config.passes)}: window {flat[0]} of the loop has K = 1; "
+                                 "random depth needs every window looped (K >= 2)")
+
+    def depth(self, step: int) -> int | None:
+        if self.config.passes is None:
+            return None
+        lo, hi = self.config.passes
+        return int(loop_draw(self.config.seed, step, _DEPTH_STREAM).integers(lo, hi + 1))
+
+    def draws(self, depths):
+        if self.config.passes is None:
+            return None
+        return {"kind": "random_depth", "range": list(self.config.passes), "passes": depths}
+
+
+RECIPE_CLASSES = {cls.name: cls for cls in (Full, Convert, ContinuedPretraining)}
+
+
+def make_recipe(config: TrainConfig, loop: LoopConfig | None) -> Recipe:
+    return RECIPE_CLASSES[config.recipe](config, loop)
+
+
+def lora_modules(base, targets: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The names of the modules of ``base`` (a checkpoint path, hub id, config or model)
+    that LoRA adapts: for ``all-linear``, every ``nn.Linear`` inside the decoder layers;
+    otherwise PEFT's matching of ``target_modules``. The model is built on the meta
+    device from its config, so no weights load. Raises ``ValueError`` if none match."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    model = _meta_model(base)
+    prefix = {id(m) for m in decoder_layers(model).modules()}
+    if targets == ALL_LINEAR:
+        names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m) in prefix]
+    else:
+        probe = LoraConfig(target_modules=targets if isinstance(targets, str) else list(targets))
+        names = [n for n, _ in model.named_modules() if n and check_target_module_exists(probe, n)]
+    if not names:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"lora_targets {targets!r} match no module of {_name(base)}; its linear layers are named "
+                         f"{', '.join(linear)}")
+    return tuple(names)
+
+
+def _name(base) -> str:
+    return str(base) if isinstance(base, (str, Path)) else type(base).__name__
+
+
+def _meta_model(base):
+    if isinstance(base, torch.nn.Module):
+        return base
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(base) if isinstance(base, (str, Path)) else base
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)

@@ -1,0 +1,97 @@
+"""Twin training, the public entry points: ``train_model`` and ``train_twins`` (paper §3, A.3).
+
+The equal-parameter test compares a looped model with its twin: the same base checkpoint
+trained by the same recipe on the same data, in the same batches and order, for the same
+steps, with the same seeds, without the loop. ``train_twins`` trains both; ``train_model``
+trains one (looped iff ``loop``), so the two can run as separate jobs and still be
+twins. The ``loopeval train`` command calls these, so it and the Python API share one
+code path. Everything is checked before any weights load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loopeval.loop import LoopConfig, LoopSpec, resolve_loop
+from loopeval.training.config import TrainConfig
+from loopeval.training.data import TrainData, check_separate, load_data
+from loopeval.training.recipes import Recipe, make_recipe
+from loopeval.training.runner import LOOPED, TWIN, TrainResult, train_one
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ValueError(f"output folder {out} exists and is not empty; choose another or pass overwrite=True (--overwrite)")
+
+
+def _resolve(base: str | Path, loop, operator: str, beta: float, mix: float | None) -> LoopConfig | None:
+    """The loop to train (``None``: the twin), checked against ``base`` before weights load.
+    Twins start from an unlooped checkpoint, so a looped base is refused."""
+    stored = resolve_loop(base)
+    if stored is not None:
+        raise ValueError(f"base checkpoint {base} is looped ({stored.spec}); twins start from an unlooped checkpoint")
+    if loop is None:
+        return None
+    return resolve_loop(base, loop, operator=operator, beta=beta, mix=mix)
+
+
+def _prepare(base, data, heldout, loops: list[LoopConfig | None], config: TrainConfig,
+             keep_adapters: bool) -> tuple[list[Recipe], TrainData, TrainData | None]:
+    """One checked recipe per model to train, and the tokenised data and held-out rows."""
+    if keep_adapters and config.recipe != "convert":
+        raise ValueError(f"keep_adapters: recipe {config.recipe!r} trains no adapters (only convert does)")
+    recipes = [make_recipe(config, loop) for loop in loops]
+    for recipe in recipes:
+        recipe.preflight(base, heldout=heldout)
+    if heldout is not None:
+        check_separate(data, heldout)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    pack = config.recipe == "cpt"
+    rows = load_data(data, tokenizer, max_length=config.max_length, pack=pack)
+    held = load_data(heldout, tokenizer, max_length=config.max_length, pack=pack) if heldout is not None else None
+    return recipes, rows, held
+
+
+def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: str | LoopSpec | None = None,
+                operator: str = "repeat", beta: float = 0.0, mix: float | None = None, config: TrainConfig | None = None,
+                heldout: str | Path | None = None, accelerator=None, overwrite: bool = False, progress: bool = True,
+                keep_adapters: bool = False) -> TrainResult:
+    """Train the unlooped checkpoint ``base`` on the JSONL file ``data`` by
+    ``config.recipe``, looped iff ``loop`` (a spec; ``operator``, ``beta`` and the fixed
+    ``mix`` logit as in ``apply_loop``), and save it with its manifest to ``out``.
+
+    ``heldout`` (JSONL, no row shared with ``data``; required by ``cpt``) is measured at
+    every checkpoint. ``keep_adapters`` (``convert``) also saves the unmerged adapters
+    to ``out/adapter``. The loop, ``out`` (must be empty unless ``overwrite``), the
+    base, the recipe's options and every data row are checked before any weights load.
+    """
+    config = config or TrainConfig()
+    out = Path(out)
+    _check_out(out, overwrite)
+    looped = _resolve(base, loop, operator, beta, mix)
+    (recipe,), rows, held = _prepare(base, data, heldout, [looped], config, keep_adapters)
+    return train_one(base, rows, held, looped, out, config, recipe, accelerator=accelerator, progress=progress,
+                     keep_adapters=keep_adapters)
+
+
+def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out: str | Path, operator: str = "repeat",
+                beta: float = 0.0, mix: float | None = None, config: TrainConfig | None = None,
+                heldout: str | Path | None = None, accelerator=None, overwrite: bool = False, progress: bool = True,
+                keep_adapters: bool = False) -> tuple[TrainResult, TrainResult]:
+    """Train the unlooped twin into ``out/twin`` and the looped model into ``out/looped``,
+    each from a fresh load of ``base``, by the same recipe on the same tokenised rows
+    and batches (options as in :func:`train_model`). Returns ``(twin, looped)``.
+    Everything is checked before the twin starts."""
+    config = config or TrainConfig()
+    out = Path(out)
+    for sub in (TWIN, LOOPED):
+        _check_out(out / sub, overwrite)
+    looped = _resolve(base, loop, operator, beta, mix)
+    if looped is None:
+        raise ValueError("train_twins needs a loop; train_model(..., loop=None) trains a twin alone")
+    (twin_recipe, looped_recipe), rows, held = _prepare(base, data, heldout, [None, looped], config, keep_adapters)
+    options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
+    twin = train_one(base, rows, held, None, out / TWIN, config, twin_recipe, **options)
+    return twin, train_one(base, rows, held, looped, out / LOOPED, config, looped_recipe, **options)
