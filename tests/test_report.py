@@ -13,7 +13,7 @@ import pytest
 from markupsafe import escape
 
 from loopeval.cli import main
-from loopeval.report import build_report, render
+from loopeval.report import build_report, render, write_report
 from loopeval.stats import paired_bootstrap, tost
 
 TASKS = ["toy_arith", "toy_aime"]  # the generative toy tasks: both carry a cost trace
@@ -355,3 +355,31 @@ def test_cli_writes_figures_and_latex_and_refuses_bad_output_before_any_work(run
         assert main([*args, *bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and __import__("re").search(message, err), (bad, err)
+
+
+def test_the_training_section_draws_the_exchange_rate(runs, tmp_path):
+    """Twin pair manifests whose looped loss after D tokens is the twin's after 1.5 D: the
+    report's r(D) is 1.5 at every checkpoint the twin's curve covers, and the figure is written."""
+    import math
+
+    tokens = [100.0 * 2**i for i in range(8)]
+    loss = lambda d: 5.0 - math.log(d)  # noqa: E731  (straight in log tokens: interpolation is exact)
+    for role, factor in (("twin", 1.0), ("looped", 1.5)):
+        folder = tmp_path / role
+        folder.mkdir()
+        points = [{"step": i, "tokens": d, "loss": loss(factor * d)} for i, d in enumerate(tokens, 1)]
+        (folder / "training_manifest.json").write_text(json.dumps({
+            "format": "loopeval-training/2", "recipe": "cpt", "role": role,
+            "loop": {"loop": "1:3x2"} if role == "looped" else None, "heldout_curve": points,
+            "tokens": {"input": tokens[-1]}, "flops": {"train": tokens[-1], "multiplier": 1.25 if role == "looped" else 1},
+            "train_time_s": tokens[-1]}))
+    with pytest.warns(UserWarning):
+        data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), n_resamples=300,
+                            training_pairs=[(tmp_path / "twin", tmp_path / "looped")])
+    (section,) = data.training
+    rates = [r for r in section["exchange"]["rate"] if r is not None]
+    assert rates == pytest.approx([1.5] * (len(tokens) - 1))  # the last point lies past the twin's curve
+    out = write_report(data, tmp_path / "r.html")
+    assert (tmp_path / "r_training.pdf").stat().st_size > 0 and 'id="figure-training"' in out.read_text()
+    with pytest.raises(ValueError, match="give the twin's checkpoint first"):
+        build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), training_pairs=[(tmp_path / "looped", tmp_path / "twin")])

@@ -20,7 +20,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from loopeval.report import checks, evaluations, figures, tables
+from loopeval.report import checks, evaluations, figures, tables, training
 from loopeval.report.checks import Check
 from loopeval.report.data import ReportData
 from loopeval.report.evaluations import RunSpec
@@ -43,6 +43,7 @@ def build_report(
     selection: str = "fixed",
     alpha: float = 0.05,
     margin: float = 0.02,
+    training_pairs: list[tuple[str | Path, str | Path]] = (),
     title: str | None = None,
     strict: bool = False,
     n_resamples: int = 10_000,
@@ -58,12 +59,16 @@ def build_report(
     ceiling of Eq. 4 (Table 5). ``cost`` charges layer passes (the paper's rule) or
     FLOPs; ``selection`` picks the best cheaper comparator once or in every resample;
     ``alpha`` and ``margin`` (a fraction) are the tests' level and equivalence margin.
+    The training section (Fig. 3 and 5) draws every twin pair whose manifests hold
+    held-out curves: the evaluated checkpoints', and ``training_pairs`` of (twin, looped)
+    checkpoint folders.
     Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
     fairness check.
     """
     if cost not in COST_MODES:
         raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
     evals, extra = evaluations.classify(twin, looped, larger)
+    trained = training.pairs_from_paths(list(training_pairs)) + training.pairs_from_evaluations(evals)
     groups = evaluations.group(evals)
     reference = tables.reference(groups, default_scale).run
     base_costs = {}
@@ -102,9 +107,11 @@ def build_report(
             for e in sorted(evals, key=lambda e: (*e.key, e.seed or 0))
         ],
         ceiling=ceiling,
+        training=training.section(trained),
         strict=strict,
         notes=[f"{c.label}, {row.task or 'macro'}: {w}" for c in conditions
-               for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings],
+               for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings]
+        + training.undecontaminated(evals),
     )
     if data.failed_checks:
         message = "; ".join(f"{c.name}: {c.detail}" for c in data.failed_checks)

@@ -35,6 +35,7 @@ class ReportData:
     checks: list[Check]
     runs: list[dict]
     ceiling: Ceiling | None = None
+    training: list[dict] = field(default_factory=list)  # report.training.section: Fig. 3 and 5 per twin pair
     strict: bool = False
     notes: list[str] = field(default_factory=list)
 

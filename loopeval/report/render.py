@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from loopeval.paths import reports_path
-from loopeval.report import figures, latex
+from loopeval.report import figures, latex, training
 from loopeval.report.data import ReportData
 from loopeval.stats.display import points, pvalue
 
@@ -48,6 +48,14 @@ def _environment(template: Path):
     return env
 
 
+def _figures(data: ReportData) -> dict:
+    """Every figure of the report, drawn: ``cost`` always, ``training`` with training curves."""
+    drawn = {"cost": figures.draw_cost(data.figure, cost=data.cost_mode)}
+    if data.training:
+        drawn["training"] = training.draw(data.training)
+    return drawn
+
+
 def render(data: ReportData, template: str | Path = "report.html.j2") -> str:
     """Render ``data`` with a Jinja2 template: a name in loopeval's ``reports/`` folder or a
     path to your own. Autoescaping is on; ``points``, ``signed`` and ``pvalue`` format
@@ -56,7 +64,7 @@ def render(data: ReportData, template: str | Path = "report.html.j2") -> str:
     from markupsafe import Markup
 
     template = Path(template)
-    drawn = {"cost": Markup(figures.svg(figures.draw_cost(data.figure, cost=data.cost_mode)))}
+    drawn = {name: Markup(figures.svg(fig)) for name, fig in _figures(data).items()}
     try:
         return _environment(template).get_template(template.name).render(data=data, figures=drawn)
     except TemplateError as exc:
@@ -65,14 +73,15 @@ def render(data: ReportData, template: str | Path = "report.html.j2") -> str:
 
 def write_report(data: ReportData, path: str | Path, *, template: str | Path = "report.html.j2",
                  latex_tables: bool = False) -> Path:
-    """Render ``data`` into one self-contained HTML file, the figure beside it as
-    ``<name>_cost.pdf`` and ``.png``, and with ``latex_tables`` every table as
-    ``<name>_tables.tex`` (booktabs)."""
+    """Render ``data`` into one self-contained HTML file, each figure beside it as
+    ``<name>_cost.pdf`` and ``.png`` (and ``<name>_training.*``), and with ``latex_tables``
+    every table as ``<name>_tables.tex`` (booktabs)."""
     path = check_output(path)
     html = render(data, template)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")
-    figures.save(figures.draw_cost(data.figure, cost=data.cost_mode), path.with_name(f"{path.stem}_cost"))
+    for name, fig in _figures(data).items():
+        figures.save(fig, path.with_name(f"{path.stem}_{name}"))
     if latex_tables:
         path.with_name(f"{path.stem}_tables.tex").write_text(latex.tables(data), encoding="utf-8")
     return path
