@@ -293,10 +293,12 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | 
             f"({LOOP_CONFIG_NAME}); drop loop={loop!s} or load the base checkpoint"
         )
     wanted = LoopConfig(loop, operator or "repeat", 0.0 if beta is None else beta, mix)
-    return wanted.validate(_num_layers(source, revision=revision, trust_remote_code=trust_remote_code))
+    return wanted.validate(count_layers(source, revision=revision, trust_remote_code=trust_remote_code))
 
 
-def _num_layers(source, **config_kwargs) -> int:
+def count_layers(source, **config_kwargs) -> int:
+    """The decoder layer count of a model, a model config, or a checkpoint path or hub id
+    (whose config alone is read)."""
     if isinstance(source, nn.Module):
         return len(decoder_layers(source))
     if isinstance(source, (str, Path)):
