@@ -1,80 +1,80 @@
-"""Calibrated perplexity: NLL sums that stream over text, the fitted temperature, KL.
+"""Calibrated perplexity: the fitted temperature T*, and the test sums (NLL, NLL at T*, KL).
 
 The paper scores a candidate by "perplexity after temperature scaling, which divides
 each candidate's logits by the one temperature that minimises its loss on a validation
 split" (section 3): PPL_T = exp NLL_test(T*) with T* = argmin_T NLL_val(T).
 
 NLL_val is convex in the inverse temperature b = 1/T (a log-sum-exp of functions linear
-in b, minus a linear term), with derivatives d/db = E_p[z] - z_y and
-d2/db2 = Var_p[z] under p = softmax(b z). A search cannot keep every candidate's
-validation logits, so ``ValidationSums`` accumulates NLL_val and both derivatives at
-``NODES`` log-spaced values of b across ``TEMPERATURE_BOUNDS`` while the text streams by;
-``fit_temperature`` then takes the bracket where the derivative changes sign and
-minimises the quintic Hermite interpolant there, which matches both derivatives at
-both ends (a bounded 1-D minimisation; the tests check it against a brute-force grid
-on the exact loss). Test sums (plain NLL, NLL at T*, KL) are plain sums.
+in b, minus a linear term), with derivatives d/db = mean(E_p[z] - z_y) and
+d2/db2 = mean(Var_p[z]) under p = softmax(b z). ``fit_temperature`` minimises it over
+``TEMPERATURE_BOUNDS`` exactly: Newton's method in log b, warm-started, kept inside a
+bracket that every evaluation narrows (bisection when a step would leave it), to a step
+of ``TOLERANCE``. Each evaluation is one pass over the validation logits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
 """The bounded range of T* (a candidate whose best temperature lies outside gets the bound)."""
 
-NODES = 17
-"""Inverse temperatures at which NLL_val and its derivatives are accumulated (log-spaced,
-45% apart). The exponentials at the nodes are most of the scoring's cost; with both
-derivatives matched at each end of the bracket, the interpolated T* is within 1e-4
-(relative) of the exact argmin in our checks."""
+TOLERANCE = 1e-7
+"""Newton stops when a step changes log T by less than this."""
 
-INVERSE_TEMPERATURES = np.geomspace(1.0 / TEMPERATURE_BOUNDS[1], 1.0 / TEMPERATURE_BOUNDS[0], NODES)
+_MAX_EVALUATIONS = 100
 
 
-@dataclass
-class ValidationSums:
-    """Sums over validation tokens of NLL(b), dNLL/db and d2NLL/db2 at each node."""
-
-    values: np.ndarray = field(default_factory=lambda: np.zeros((NODES, 3)))
-    tokens: int = 0
-
-    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        """``logits`` (n, V) and ``labels`` (n,) of scored positions only."""
+def slope_and_curvature(chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], b: float) -> tuple[float, float]:
+    """Mean d/db and d2/db2 of the NLL at inverse temperature ``b`` over ``(logits, labels)`` chunks."""
+    slope = curvature = 0.0
+    n = 0
+    for logits, labels in chunks:
         z = logits.float()
-        z = z - z.amax(-1, keepdim=True)  # max 0: exp(b z) cannot overflow, and the moments stay small
-        zy = z.gather(-1, labels[:, None])[:, 0]
-        z2 = z * z
-        for b in INVERSE_TEMPERATURES:
-            e = torch.exp(float(b) * z)
-            s0, s1, s2 = e.sum(-1), (e * z).sum(-1), (e * z2).sum(-1)
-            m1 = s1 / s0
-            terms = torch.stack([s0.log() - float(b) * zy, m1 - zy, (s2 / s0 - m1 * m1).clamp_min(0)])
-            self.values[INVERSE_TEMPERATURES == b] += terms.double().sum(-1).cpu().numpy()
-        self.tokens += int(labels.numel())
+        z = z - z.amax(-1, keepdim=True)  # shift-invariant; keeps the moments small
+        p = torch.softmax(b * z, -1)
+        moments = torch.bmm(p.unsqueeze(1), torch.stack([z, z * z], -1)).squeeze(1)  # E_p[z], E_p[z^2]
+        m1 = moments[:, 0]
+        slope += float((m1 - z.gather(-1, labels[:, None])[:, 0]).double().sum())
+        curvature += float((moments[:, 1] - m1 * m1).clamp_min(0).double().sum())
+        n += labels.numel()
+    return slope / n, curvature / n
 
 
-def fit_temperature(sums: ValidationSums) -> float:
-    """T* = argmin over ``TEMPERATURE_BOUNDS`` of NLL_val(T), from the accumulated sums."""
-    from scipy.interpolate import BPoly
-    from scipy.optimize import brentq
+@dataclass(frozen=True)
+class TemperatureFit:
+    temperature: float
+    evaluations: int  # passes over the validation logits
 
-    if sums.tokens == 0:
-        raise ValueError("fit_temperature: no validation tokens were accumulated")
-    b, v = INVERSE_TEMPERATURES, sums.values / sums.tokens
-    slope = v[:, 1]
-    if slope[0] >= 0:  # increasing everywhere: the flattest allowed distribution
-        return float(1.0 / b[0])
-    if slope[-1] <= 0:
-        return float(1.0 / b[-1])
-    i = int(np.argmax(slope >= 0))
-    if slope[i] == 0:
-        return float(1.0 / b[i])
-    poly = BPoly.from_derivatives([b[i - 1], b[i]], [v[i - 1], v[i]])
-    best = brentq(poly.derivative(), b[i - 1], b[i], xtol=1e-12 * b[i])
-    return float(1.0 / best)
+
+def fit_temperature(derivatives: Callable[[float], tuple[float, float]], *, start: float = 1.0) -> TemperatureFit:
+    """T* = argmin over ``TEMPERATURE_BOUNDS`` of NLL_val(T), given ``derivatives(b)`` =
+    (dNLL/db, d2NLL/db2) at b = 1/T; Newton in u = log b from T = ``start``."""
+    u_min, u_max = -math.log(TEMPERATURE_BOUNDS[1]), -math.log(TEMPERATURE_BOUNDS[0])
+    lo, hi = u_min, u_max  # the minimiser lies in [lo, hi]
+    u, evaluated = min(max(-math.log(start), u_min), u_max), set()
+    for evaluation in range(1, _MAX_EVALUATIONS + 1):
+        b = math.exp(u)
+        slope_b, curvature_b = derivatives(b)
+        evaluated.add(u)
+        slope, curvature = b * slope_b, b * b * curvature_b + b * slope_b  # d/du, d2/du2
+        if slope == 0:
+            return TemperatureFit(1.0 / b, evaluation)
+        lo, hi = (lo, u) if slope > 0 else (u, hi)
+        if hi == u_min or lo == u_max:  # still sloping at a bound: the bound is the minimiser
+            return TemperatureFit(1.0 / b, evaluation)
+        step = u - slope / curvature if curvature > 0 else math.nan
+        if not lo < step < hi:  # try the bound Newton points past, once; else bisect
+            edge = u_min if slope > 0 else u_max
+            step = edge if edge in (lo, hi) and edge not in evaluated else 0.5 * (lo + hi)
+        if abs(step - u) <= TOLERANCE:
+            return TemperatureFit(math.exp(-step), evaluation)
+        u = step
+    raise RuntimeError(f"fit_temperature: no convergence in {_MAX_EVALUATIONS} evaluations (T = {math.exp(-u)})")
 
 
 @dataclass

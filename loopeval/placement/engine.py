@@ -18,7 +18,6 @@ candidate; the search scores them. ``PassMeter`` counts the layer passes execute
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -211,14 +210,3 @@ class PrefixEngine(Engine):
             finally:
                 remove_loop(self.model)
             yield [c], self.decoder.norm(h)[None]
-
-
-@contextmanager
-def no_grad_eval(model: nn.Module):
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)

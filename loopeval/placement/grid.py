@@ -111,36 +111,57 @@ def window_chain_passes(width: int, times, operator: str) -> int:
     return width * (max(times) - 1) if operator == "repeat" else width * sum(k - 1 for k in times)
 
 
-def planned_passes(candidates: list[Candidate], num_layers: int, *, reuse: bool = True, text_rows: int = 1) -> float:
+def rounds(candidates: list[Candidate], max_candidates: int | None = None) -> list[list[Candidate]]:
+    """The search's units of work, in order. Whole-layer windows sharing their end form a
+    round (they share the prefix); MLP-loop candidates follow. A round holds at most
+    ``max_candidates`` candidates (each keeps its validation hidden states until its
+    temperature is fitted), but never splits a window's (K, beta) outputs."""
+    cap = max_candidates or len(candidates) or 1
+    plain = [c for c in candidates if c.start is not None and not c.mlp_loop]
+    out = []
+    for e in sorted({c.end for c in plain}):
+        current = []
+        for w in sorted({c.width for c in plain if c.end == e}):
+            window = [c for c in plain if c.end == e and c.width == w]
+            if current and len(current) + len(window) > cap:
+                out.append(current)
+                current = []
+            current += window
+        out.append(current)
+    hooked = [c for c in candidates if c.start is not None and c.mlp_loop]
+    out += [hooked[i:i + cap] for i in range(0, len(hooked), cap)]
+    return out
+
+
+def planned_passes(candidates: list[Candidate], num_layers: int, *, reuse: bool = True, text_rows: int = 1,
+                   max_candidates: int | None = None) -> float:
     """Layer passes per text position that scoring ``candidates`` (the unlooped model
-    excluded; it is always scored) executes; ``text_rows`` is the number of rows of text.
+    excluded; it is always scored) executes; ``text_rows`` is the number of rows of text
+    and ``max_candidates`` the round size of ``rounds``.
 
     Naive (``reuse=False``): every candidate is a full forward of the looped model,
     ``N + m``, after the unlooped model's ``N``.
 
     Prefix reuse: the unlooped forward ``N``, plus ``N / text_rows`` for capturing the
-    layers' inputs on one row; then, per window end ``e`` (a round), the unlooped prefix
-    ``e`` (it yields the hidden state at every start and, at ``e``, every window's first
-    pass), and per window its chain (``window_chain_passes``) and one suffix ``N - e``
-    per output (K, beta); then, for MLP-loop candidates, which run through
-    ``apply_loop``'s hooks, the prefix to the largest start and ``(N - s) + m`` each.
+    layers' inputs on one row; then, per round of windows ending at ``e``, the unlooped
+    prefix ``e`` (it yields the hidden state at every start and, at ``e``, every
+    window's first pass), and per window its chain (``window_chain_passes``) and one
+    suffix ``N - e`` per output (K, beta); per round of MLP-loop candidates, which run
+    through ``apply_loop``'s hooks, the prefix to the round's largest start and
+    ``(N - s) + m`` each.
     """
     n = num_layers
-    plain = [c for c in candidates if c.start is not None and not c.mlp_loop]
-    hooked = [c for c in candidates if c.start is not None and c.mlp_loop]
+    looped = [c for c in candidates if c.start is not None]
     if not reuse:
-        return float(n + sum(n + c.spec.extra_passes for c in plain + hooked))
+        return float(n + sum(n + c.spec.extra_passes for c in looped))
     total = n + n / text_rows
-    windows: dict[tuple[int, int], list[Candidate]] = {}
-    for c in plain:
-        windows.setdefault((c.end, c.width), []).append(c)
-    for e in sorted({e for e, _ in windows}):
+    for group in rounds(looped, max_candidates):
+        if group[0].mlp_loop:
+            total += max(c.start for c in group) + sum((n - c.start) + c.spec.extra_passes for c in group)
+            continue
+        e = group[0].end
         total += e
-        for (end, w), group in windows.items():
-            if end == e:
-                total += window_chain_passes(w, {c.times for c in group}, group[0].operator)
-                total += len(group) * (n - e)
-    if hooked:
-        total += max(c.start for c in hooked)
-        total += sum((n - c.start) + c.spec.extra_passes for c in hooked)
+        for w in sorted({c.width for c in group}):
+            window = [c for c in group if c.width == w]
+            total += window_chain_passes(w, {c.times for c in window}, window[0].operator) + len(window) * (n - e)
     return float(total)

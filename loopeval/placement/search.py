@@ -27,10 +27,10 @@ from torch import nn
 
 from loopeval.cost import loop_cost
 from loopeval.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
-from loopeval.placement.calibration import INVERSE_TEMPERATURES, TEMPERATURE_BOUNDS, TestSums, ValidationSums, fit_temperature
+from loopeval.placement.calibration import TEMPERATURE_BOUNDS, TOLERANCE, TestSums, fit_temperature, slope_and_curvature
 from loopeval.placement.engine import NaiveEngine, PassMeter, PrefixEngine
 from loopeval.placement.grid import (DEFAULT_BETAS, DEFAULT_OPERATOR, DEFAULT_TIMES, DEFAULT_WIDTHS, Candidate,
-                                     build_grid, mlp_loop_candidates)
+                                     build_grid, mlp_loop_candidates, rounds)
 from loopeval.placement.results import (PLACEMENTS_NAME, RANK_BY, Correlation, PlacementRow, append_placement,
                                         correlate, ranked, read_accuracies, read_placements)
 from loopeval.placement.text import SPLITS, ScoringText, load_text
@@ -50,6 +50,7 @@ class PlacementResult:
     out: Path
     scored: int  # candidates scored by this run (the rest were already in the file)
     layer_passes: float  # layer passes this run executed, per text position
+    fit_evaluations: int  # passes over validation logits this run's temperature fits took
     wall_s: float
     text: dict = field(default_factory=dict)
     correlations: tuple[Correlation, ...] = ()
@@ -67,7 +68,7 @@ def _settings(model_name: str, num_layers: int, text: ScoringText, *, seq_len, v
     return {
         "format": 1, "model": model_name, "num_layers": num_layers, "dtype": dtype,
         "data": str(text.path), "data_sha256": text.sha256, "seq_len": seq_len, "val_fraction": val_fraction,
-        "max_tokens": max_tokens, "temperature_bounds": list(TEMPERATURE_BOUNDS), "nodes": len(INVERSE_TEMPERATURES),
+        "max_tokens": max_tokens, "temperature_bounds": list(TEMPERATURE_BOUNDS), "tolerance": TOLERANCE,
     }
 
 
@@ -110,12 +111,21 @@ class _Scorer:
         for i in range(0, h.shape[0], self.chunk):
             yield self.head(h[i:i + self.chunk])
 
+    def kept_logits(self, kept: list[torch.Tensor], targets: list[torch.Tensor]):
+        """``(logits, labels)`` chunks of hidden states kept at scored positions."""
+        for h, y in zip(kept, targets):
+            for i in range(0, h.shape[0], self.chunk):
+                yield self.head(h[i:i + self.chunk]), y[i:i + self.chunk]
+
+    def fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor], start: float):
+        return fit_temperature(lambda b: slope_and_curvature(self.kept_logits(kept, targets), b), start=start)
+
 
 def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFAULT_TIMES, betas=DEFAULT_BETAS,
           operator: str = DEFAULT_OPERATOR, starts=None, mlp_loop: int = 0, max_tokens: int | None = None,
           seq_len: int = 1024, val_fraction: float = 0.5, batch_tokens: int = 8192, rank_by: str = "ppl_t",
-          reuse: bool = True, dtype: str | None = None, device: str | None = None, results=None,
-          progress: bool = True) -> PlacementResult:
+          reuse: bool = True, fit_memory: int = 4 << 30, dtype: str | None = None, device: str | None = None,
+          results=None, progress: bool = True) -> PlacementResult:
     """Score every window of the grid on ``data`` (a JSONL of ``{"text"}`` documents) and
     write ``out/placements.jsonl``; return the rows.
 
@@ -124,7 +134,9 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     start (or ``starts``), ``widths``, ``times`` (K) and ``betas`` with ``operator``;
     ``mlp_loop`` > 0 also scores the best ``mlp_loop`` windows by ``rank_by`` with one
     added MLP-only loop (K=3) at their first layer. ``reuse=False`` runs every candidate
-    as a full forward (the naive search, for comparison). ``results``, a JSONL of
+    as a full forward (the naive search, for comparison). ``fit_memory`` bounds the bytes
+    of validation hidden states kept for the temperature fits (it sets the round size).
+    ``results``, a JSONL of
     benchmark accuracies (``read_accuracies``), adds Spearman's rho for PPL_T, PPL and KL
     (paper D.1). Every check on the options, the text and the architecture runs before
     the first forward pass.
@@ -178,6 +190,8 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     batches = {split: _batches(text, split, rows_per_batch, device) for split in SPLITS}
     engine = (PrefixEngine if reuse else NaiveEngine)(model, batch_tokens=batch_tokens)
     scorer = _Scorer(model)
+    kept_bytes = text.val.tokens * scorer.head.weight.shape[1] * next(model.parameters()).element_size()
+    round_size = max(1, fit_memory // max(1, kept_bytes))
     search = _Search(model, engine, scorer, batches, out / PLACEMENTS_NAME, done, progress)
     with torch.no_grad(), PassMeter(model) as meter:
         was_training = model.training
@@ -186,15 +200,15 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
             search.unlooped(Candidate())
             pending = [c for c in grid if c.key not in done]
             search.bar_add(len(pending))
-            for e in sorted({c.end for c in pending}):
-                search.round([c for c in pending if c.end == e])
+            for group in rounds(pending, round_size):
+                search.round(group)
             if mlp_loop:
                 grid_keys = {c.key for c in grid}
                 best = [r for r in ranked(list(search.rows.values()), rank_by) if r.key in grid_keys][:mlp_loop]
                 extra = [c for c in mlp_loop_candidates([_candidate(r) for r in best]) if c.key not in done]
                 search.bar_add(len(extra))
-                if extra:
-                    search.round(extra)
+                for group in rounds(extra, round_size):
+                    search.round(group)
         finally:
             model.train(was_training)
             search.close()
@@ -203,7 +217,7 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     correlations = tuple(correlate(rows, read_accuracies(results, rows))) if results is not None else ()
     result = PlacementResult(
         rows=tuple(rows), rank_by=rank_by, out=out, scored=search.scored, layer_passes=meter.rows / text_rows,
-        wall_s=time.perf_counter() - start_time,
+        fit_evaluations=search.fit_evaluations, wall_s=time.perf_counter() - start_time,
         text={"val_tokens": text.val.tokens, "test_tokens": text.test.tokens, "val_documents": text.val.documents,
               "test_documents": text.test.documents, "rows": text_rows, "seq_len": seq_len},
         correlations=correlations,
@@ -227,9 +241,11 @@ class _Search:
         self.model, self.engine, self.scorer, self.batches, self.path = model, engine, scorer, batches, path
         self.rows = dict(done)
         self.base: dict[tuple, torch.Tensor] = {}  # the unlooped final hidden states of each test batch
-        self.scored = 0
+        self.base_temperature = 1.0  # the unlooped model's T*: where each candidate's fit starts
+        self.scored = self.fit_evaluations = 0
         # the bar counts (candidate, text batch) steps, shown in candidates
         self.steps = sum(len(b) for b in self.batches.values())
+        self.val_tokens = sum(int((labels[:, 1:] != -100).sum()) for _, _, labels in batches["val"])
         self.bar = tqdm(total=0, unit="cand", unit_scale=1 / self.steps, disable=not progress, dynamic_ncols=True)
 
     def bar_add(self, n: int) -> None:
@@ -242,6 +258,11 @@ class _Search:
     def _advance(self, candidates: int) -> None:
         self.bar.update(candidates)
 
+    def _fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
+        fit = self.scorer.fit(kept, targets, self.base_temperature)
+        self.fit_evaluations += fit.evaluations
+        return fit.temperature
+
     def unlooped(self, candidate: Candidate) -> None:
         """The first row. Also keeps what every round needs: the unlooped model's final
         hidden states on the test batches (its logits, for the KL) and, in the prefix
@@ -249,14 +270,15 @@ class _Search:
         new = candidate.key not in self.rows
         if new:
             self.bar_add(1)
-        sums = ValidationSums()
+        kept, targets = [], []
         for key, ids, labels in self.batches["val"]:
-            final = self.engine.unlooped(key, ids)
-            mask, targets = self.scorer.positions(labels)
-            for logits, y in zip(self.scorer.chunks(final, mask), targets.split(self.scorer.chunk)):
-                sums.add(logits, y)
+            mask, y = self.scorer.positions(labels)
+            kept.append(self.engine.unlooped(key, ids)[:, :-1][mask])
+            targets.append(y)
             self._advance(int(new))
-        test = TestSums(fit_temperature(sums))
+        self.base_temperature = self._fit(kept, targets)
+        del kept
+        test = TestSums(self.base_temperature)
         for key, ids, labels in self.batches["test"]:
             final = self.engine.unlooped(key, ids)
             self.base[key] = final
@@ -265,18 +287,20 @@ class _Search:
                 test.add(logits, y, torch.log_softmax(logits.float(), -1))
             self._advance(int(new))
         if new:
-            self._write(candidate, sums, test)
+            self._write(candidate, test)
 
     def round(self, candidates: list[Candidate]) -> None:
-        val = {c: ValidationSums() for c in candidates}
+        """Validation: keep each candidate's final hidden states at the scored positions,
+        then fit its T*. Test: score every candidate at its T*, against the unlooped logits."""
+        kept, targets = {c: [] for c in candidates}, []
         for key, ids, labels in self.batches["val"]:
-            mask, targets = self.scorer.positions(labels)
+            mask, y = self.scorer.positions(labels)
+            targets.append(y)
             for group, finals in self.engine.round(key, ids, candidates):
                 for c, final in zip(group, finals):
-                    for logits, y in zip(self.scorer.chunks(final, mask), targets.split(self.scorer.chunk)):
-                        val[c].add(logits, y)
+                    kept[c].append(final[:, :-1][mask])
             self._advance(len(candidates))
-        test = {c: TestSums(fit_temperature(val[c])) for c in candidates}
+        test = {c: TestSums(self._fit(kept.pop(c), targets)) for c in candidates}
         for key, ids, labels in self.batches["test"]:
             mask, targets = self.scorer.positions(labels)
             for group, finals in self.engine.round(key, ids, candidates):
@@ -288,16 +312,16 @@ class _Search:
                         test[c].add(z, y, base_logprobs)
             self._advance(len(candidates))
         for c in candidates:
-            self._write(c, val[c], test[c])
+            self._write(c, test[c])
 
-    def _write(self, candidate: Candidate, val: ValidationSums, test: TestSums) -> None:
+    def _write(self, candidate: Candidate, test: TestSums) -> None:
         cost = loop_cost(self.model, candidate.spec)
         row = PlacementRow(
             loop=None if candidate.spec is None else str(candidate.spec), operator=candidate.operator,
             beta=candidate.beta, times=candidate.times, width=candidate.width, start=candidate.start,
             mlp_loop=candidate.mlp_loop, passes=cost.passes, multiplier=cost.multiplier,
             ppl=math.exp(test.nll / test.tokens), ppl_t=math.exp(test.nll_t / test.tokens),
-            temperature=test.temperature, kl=test.kl / test.tokens, tokens=test.tokens, tokens_val=val.tokens,
+            temperature=test.temperature, kl=test.kl / test.tokens, tokens=test.tokens, tokens_val=self.val_tokens,
         )
         append_placement(self.path, row)
         self.rows[row.key] = row
