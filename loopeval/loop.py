@@ -5,16 +5,21 @@ is looped in place with forward hooks, so its module tree, ``parameters()``,
 ``state_dict()`` and ``config`` stay those of the base model, and HF ``forward`` and
 ``generate()`` work unchanged.
 
-Exact cached decoding: every *call site* (a layer at one of its passes) owns a cache
-slot. The first pass of layer ``j`` uses slot ``j``, as in the unlooped model; extra
-passes use slots ``N, N+1, ...`` in execution order, appended to the cache before they
-are first written. A re-applied layer is handed a view of the cache whose ``layers``
-list points its own index at its call site's slot, so attention KV caches and the Gated
-DeltaNet recurrent and convolution states of Qwen3.5 are kept per call site, whatever
-cache method the layer calls.
+A window re-applies whole layers, or only their attention blocks (``/attn``) or only
+their MLP blocks (``/mlp``): sub-layer call sites.
+
+Exact cached decoding: every *call site* (a layer, or one of its blocks, at one of its
+passes) that attends owns a cache slot. The first pass of layer ``j`` uses slot ``j``,
+as in the unlooped model; extra passes use slots ``N, N+1, ...`` in execution order,
+appended to the cache before they are first written. A re-applied layer or attention
+block is handed a view of the cache whose ``layers`` list points its own index at its
+call site's slot, so attention KV caches and the Gated DeltaNet recurrent and
+convolution states of Qwen3.5 are kept per call site, whatever cache method the layer
+calls. An MLP-only pass reads no cache and has no slot.
 
 Operators (``g`` is the window applied once, ``K`` its total number of passes,
-``x0`` the window's input):
+``x0`` the window's input; pass 1 is always the model's own pass through the whole
+layers, and a sub-layer window's ``g`` at passes ``t >= 2`` is its chain of blocks):
 
 * ``repeat``: ``h <- g(h)``, ``K`` times.
 * ``damped`` (paper A.1): ``F(x) = x + (g(x) - x) / K`` and the output is
@@ -39,47 +44,75 @@ from torch import nn
 
 OPERATORS = ("repeat", "damped")
 
-_WINDOW = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*x\s*(\d+)\s*$")
+KINDS = ("layer", "attn", "mlp")
+"""What a call site executes: the whole decoder layer, only its attention block (the
+token mixer: softmax attention or Gated DeltaNet), or only its MLP block."""
+
+PASS_CHARGE = {"layer": 1, "attn": 0.5, "mlp": 0.5}
+"""Layer passes charged per call site. A decoder layer is two residual blocks, so a
+block pass is half a layer pass. With it the paper's searched Qwen3.5 span, "an
+eight-layer window ... loops it twice, plus one MLP loop (K=3) at its first layer"
+(``0:8x2+0:1x3/mlp``: 8 layer passes plus 2 MLP-block passes), charges the paper's
+"32 -> 41 passes" (A.2). FLOPs and bytes are counted exactly in ``loopeval.cost``."""
+
+_WINDOW = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*([A-Za-z]+)\s*)?$")
+
+
+def _count(x: float) -> int | float:
+    """A pass count: an int when whole (every whole-layer spec), else a half-integer."""
+    return int(x) if float(x).is_integer() else float(x)
 
 
 @dataclass(frozen=True)
 class Window:
-    """Layers ``start..end-1`` (a Python slice) applied ``times`` times in total."""
+    """Layers ``start..end-1`` (a Python slice) applied ``times`` times in total. Pass 1
+    is the model's own pass; passes ``2..times`` re-apply the whole layers
+    (``kind="layer"``), only their attention blocks (``"attn"``) or only their MLP
+    blocks (``"mlp"``)."""
 
     start: int
     end: int
     times: int
+    kind: str = "layer"
 
     @property
     def width(self) -> int:
         return self.end - self.start
 
     @property
-    def extra_passes(self) -> int:
-        return self.width * (self.times - 1)
+    def extra_passes(self) -> int | float:
+        """Layer passes this window adds per token (``PASS_CHARGE`` per call site)."""
+        return _count(self.width * (self.times - 1) * PASS_CHARGE[self.kind])
 
     def __str__(self) -> str:
-        return f"{self.start}:{self.end}x{self.times}"
+        suffix = "" if self.kind == "layer" else f"/{self.kind}"
+        return f"{self.start}:{self.end}x{self.times}{suffix}"
 
 
 @dataclass(frozen=True)
 class CallSite:
-    """One execution of a layer. ``kind`` says what is executed: the whole decoder
-    layer (``"layer"``); sub-layer kinds (attention-only, MLP-only) extend this field."""
+    """One execution of a layer (``kind="layer"``) or of one of its blocks (``"attn"``,
+    ``"mlp"``). ``slot`` is the cache slot it reads and writes; an MLP-only call site
+    reads no cache and has ``slot=None``."""
 
     layer: int
-    pass_index: int  # 1-based pass of the layer's window (1 outside windows)
-    slot: int  # cache slot this call site reads and writes
+    pass_index: int  # 1-based pass of the call site's window (1 outside windows)
+    slot: int | None
     kind: str = "layer"
 
 
 @dataclass(frozen=True)
 class LoopSpec:
-    """A set of non-overlapping windows, written ``"S:ExK"`` and joined by ``+``.
+    """A set of windows, written ``"S:ExK"`` (whole layers), ``"S:ExK/mlp"`` (MLP blocks
+    only) or ``"S:ExK/attn"`` (attention blocks only), joined by ``+``.
 
     ``LoopSpec.parse("8:16x2")`` runs layers 8..15 twice in total (m = 8 extra layer
-    passes); ``"2:4x2+10:12x3"`` has two windows. A ``LoopSpec`` is accepted wherever
-    a spec string is.
+    passes); ``"2:4x2+10:12x3"`` has two windows; ``"10:19x2/mlp"`` runs layers 10..18
+    once and then their MLP blocks once more. Whole-layer windows must not overlap, nor
+    may sub-layer windows; a sub-layer window may sit inside a whole-layer window, and
+    then runs within its first pass: ``"0:8x2+0:1x3/mlp"`` runs layer 0, its MLP block
+    twice more, layers 1..7, then layers 0..7 again. A ``LoopSpec`` is accepted wherever
+    a spec string is; ``str(spec)`` is its canonical text, which parses back to it.
     """
 
     windows: tuple[Window, ...]
@@ -96,26 +129,41 @@ class LoopSpec:
         for part in spec.split("+"):
             match = _WINDOW.match(part)
             if match is None:
-                raise ValueError(f"loop spec {spec!r}: cannot parse {part.strip()!r}; expected START:ENDxTIMES, e.g. 8:16x2")
-            start, end, times = (int(g) for g in match.groups())
+                raise ValueError(f"loop spec {spec!r}: cannot parse {part.strip()!r}; expected START:ENDxTIMES, "
+                                 "e.g. 8:16x2, optionally with /attn or /mlp")
+            start, end, times = (int(g) for g in match.groups()[:3])
+            kind = (match.group(4) or "layer").lower()
+            if kind not in KINDS[1:] and match.group(4) is not None:
+                raise ValueError(f"loop spec {spec!r}: window {part.strip()!r} has kind {match.group(4)!r}; "
+                                 "expected /attn or /mlp (no suffix: whole layers)")
             if end <= start:
                 raise ValueError(f"loop spec {spec!r}: window {part.strip()!r} has end {end} <= start {start}")
             if times < 1:
                 raise ValueError(f"loop spec {spec!r}: window {part.strip()!r} has {times} passes; K must be >= 1")
-            windows.append(Window(start, end, times))
-        windows.sort(key=lambda w: w.start)
-        for a, b in zip(windows, windows[1:]):
-            if b.start < a.end:
-                raise ValueError(f"loop spec {spec!r}: windows {a} and {b} overlap")
+            windows.append(Window(start, end, times, kind))
+        windows.sort(key=lambda w: (w.start, KINDS.index(w.kind), w.end))
+        for i, a in enumerate(windows):
+            for b in windows[i + 1:]:
+                if b.start >= a.end:
+                    continue
+                nested = (a.kind == "layer") != (b.kind == "layer") and a.kind == "layer" and b.end <= a.end
+                if not nested:
+                    what = "overlap" if (a.kind == "layer") == (b.kind == "layer") else "overlap without nesting"
+                    raise ValueError(f"loop spec {spec!r}: windows {a} and {b} {what}; a sub-layer window may "
+                                     "only lie inside a whole-layer window")
         return cls(tuple(windows))
 
     def __str__(self) -> str:
         return "+".join(str(w) for w in self.windows)
 
     @property
-    def extra_passes(self) -> int:
-        """m: layer passes added per token."""
-        return sum(w.extra_passes for w in self.windows)
+    def extra_passes(self) -> int | float:
+        """m: layer passes added per token (``PASS_CHARGE`` per call site)."""
+        return _count(sum(w.extra_passes for w in self.windows))
+
+    @property
+    def has_sub_layer(self) -> bool:
+        return any(w.kind != "layer" for w in self.windows)
 
     def validate(self, num_layers: int) -> LoopSpec:
         """Raise ``ValueError`` if a window reaches past the model's last layer."""
@@ -128,18 +176,24 @@ class LoopSpec:
         return self
 
     def call_sites(self, num_layers: int) -> list[CallSite]:
-        """Every call site in execution order, with its cache slot."""
+        """Every call site in execution order, with its cache slot: a window's passes
+        ``2..K`` follow the first-pass call of its last layer (a nested sub-layer
+        window's before its enclosing window's)."""
         self.validate(num_layers)
-        sites, next_slot, layer = [], num_layers, 0
-        for w in self.windows:
-            sites += [CallSite(j, 1, j) for j in range(layer, w.end)]
-            for t in range(2, w.times + 1):
-                for j in range(w.start, w.end):
-                    sites.append(CallSite(j, t, next_slot))
-                    next_slot += 1
-            layer = w.end
-        sites += [CallSite(j, 1, j) for j in range(layer, num_layers)]
+        sites, next_slot = [], num_layers
+        for j in range(num_layers):
+            sites.append(CallSite(j, 1, j))
+            for w in self.windows_ending_at(j):
+                for t in range(2, w.times + 1):
+                    for i in range(w.start, w.end):
+                        slot = None if w.kind == "mlp" else next_slot
+                        next_slot += slot is not None
+                        sites.append(CallSite(i, t, slot, w.kind))
         return sites
+
+    def windows_ending_at(self, layer: int) -> list[Window]:
+        """The windows whose last layer is ``layer``, in the order they run (nested first)."""
+        return sorted((w for w in self.windows if w.end - 1 == layer), key=lambda w: w.kind == "layer")
 
     def schedule(self, num_layers: int) -> list[int]:
         """The layer index of every call site in execution order."""
@@ -240,10 +294,12 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | 
             f"({LOOP_CONFIG_NAME}); drop loop={loop!s} or load the base checkpoint"
         )
     wanted = LoopConfig(loop, operator or "repeat", 0.0 if beta is None else beta, mix)
-    return wanted.validate(_num_layers(source, revision=revision, trust_remote_code=trust_remote_code))
+    return wanted.validate(count_layers(source, revision=revision, trust_remote_code=trust_remote_code))
 
 
-def _num_layers(source, **config_kwargs) -> int:
+def count_layers(source, **config_kwargs) -> int:
+    """The decoder layer count of a model, a model config, or a checkpoint path or hub id
+    (whose config alone is read)."""
     if isinstance(source, nn.Module):
         return len(decoder_layers(source))
     if isinstance(source, (str, Path)):
@@ -283,6 +339,7 @@ def apply_loop(model: nn.Module, loop: str | LoopSpec | LoopConfig, *, operator:
         config = LoopConfig(loop, operator, beta, mix)
     layers = decoder_layers(model)
     config.validate(len(layers))
+    check_sub_layer_support(layers, config.spec)
     if getattr(model, "_loopeval", None) is not None:
         raise ValueError(
             f"model is already looped with {model._loopeval.config.spec}; call loopeval.remove_loop(model) first"
@@ -343,6 +400,104 @@ def loop_disabled(model: nn.Module):
     return loop_passes(model, 1)
 
 
+# -- the operators ------------------------------------------------------------------
+
+
+def mix_weight(mix: float | None) -> float | None:
+    """``w = sigmoid(mix)``, the weight of ``x0`` in the input of passes ``t >= 2``."""
+    return None if mix is None else 1.0 / (1.0 + math.exp(-mix))
+
+
+def window_outputs(g, x0: torch.Tensor, y1: torch.Tensor, *, times, operator: str = "repeat", betas=(0.0,),
+                   mix: float | None = None) -> dict[tuple[int, float], torch.Tensor]:
+    """A window's output for every ``K`` in ``times`` (and, ``damped``, every ``beta`` in
+    ``betas``), keyed ``(K, beta)``; ``repeat`` keys use ``beta = 0.0``.
+
+    ``g(h, t)`` applies the window's pass ``t >= 2`` to ``h``; ``x0`` is the window's
+    input and ``y1`` its first-pass output. Iterates are shared where the operator
+    allows: ``repeat`` runs one chain to the largest ``K`` and reads every smaller ``K``
+    off it (``max(times) - 1`` calls of ``g``); ``damped`` runs one chain per ``K``
+    (its step ``1/K`` differs) and reads every ``beta`` off it (``sum(K - 1)`` calls).
+    """
+    w = mix_weight(mix)
+
+    def mixed(h):
+        return h if w is None else w * x0 + (1.0 - w) * h
+
+    times = sorted(set(int(k) for k in times))
+    out = {}
+    if operator == "repeat":
+        h = y1
+        for t in range(1, times[-1] + 1):
+            if t > 1:
+                h = g(mixed(h), t)
+            if t in times:
+                out[(t, 0.0)] = h
+        return out
+    for K in times:
+        f = x0 + (y1 - x0) / K
+        for t in range(2, K + 1):
+            f = f + (g(mixed(f), t) - f) / K
+        for beta in betas:
+            out[(K, float(beta))] = beta * y1 + (1.0 - beta) * f
+    return out
+
+
+# -- sub-layer blocks ----------------------------------------------------------------
+
+PRE_NORM_LAYERS = frozenset({
+    "LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen2MoeDecoderLayer", "Qwen3DecoderLayer",
+    "Qwen3MoeDecoderLayer", "Qwen3_5DecoderLayer", "Qwen3_5MoeDecoderLayer", "Qwen3NextDecoderLayer",
+})
+"""Decoder layers whose forward is exactly ``h = h + mixer(input_layernorm(h))`` then
+``h = h + mlp(post_attention_layernorm(h))``, the mixer being ``self_attn`` or, on Gated
+DeltaNet layers (``block_type == "linear_attention"``), ``linear_attn`` (transformers
+5.24). Only these can run their blocks alone."""
+
+
+def check_sub_layer_support(layers: nn.ModuleList, spec: LoopSpec) -> None:
+    """Raise ``ValueError`` if ``spec`` has a sub-layer window over a layer whose blocks
+    loopeval cannot call separately."""
+    for w in spec.windows:
+        if w.kind == "layer":
+            continue
+        for j in range(w.start, w.end):
+            name = type(layers[j]).__name__
+            if name not in PRE_NORM_LAYERS:
+                raise ValueError(
+                    f"loop spec {str(spec)!r}: window {w} re-applies only the {w.kind} block of layer {j}, a {name}; "
+                    f"loopeval can run the blocks of {', '.join(sorted(PRE_NORM_LAYERS))} alone, not of {name}"
+                )
+
+
+def attention_block(layer: nn.Module, h: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """``h + mixer(input_layernorm(h))``, called as the layer's own forward calls it."""
+    x = layer.input_layernorm(h)
+    if getattr(layer, "block_type", None) == "linear_attention":
+        rest = {k: v for k, v in kwargs.items() if k not in ("position_embeddings", "position_ids")}
+        return h + layer.linear_attn(hidden_states=x, **rest)
+    return h + layer.self_attn(hidden_states=x, **kwargs)[0]
+
+
+def mlp_block(layer: nn.Module, h: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """``h + mlp(post_attention_layernorm(h))`` (an MoE block's router logits dropped)."""
+    out = layer.mlp(layer.post_attention_layernorm(h))
+    return h + (out[0] if isinstance(out, tuple) else out)
+
+
+def whole_layer(layer: nn.Module, h: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    out = layer(h, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+RUN_KIND = {"layer": whole_layer, "attn": attention_block, "mlp": mlp_block}
+"""How a call site of each kind runs: ``RUN_KIND[kind](layer, h, kwargs)``, where
+``kwargs`` are the layer call's keyword arguments without ``hidden_states``."""
+
+
+# -- the runtime ---------------------------------------------------------------------
+
+
 def _cache_of(kwargs: dict):
     return kwargs.get("cache", kwargs.get("past_key_values"))
 
@@ -359,29 +514,28 @@ class _LoopRuntime:
         self.config = config
         self.layers = layers
         self.num_layers = len(layers)
+        self.windows = [w for w in config.spec.windows if w.times > 1]
         self.sites = config.spec.call_sites(self.num_layers)
-        self.num_slots = len(self.sites)
+        self.num_slots = self.num_layers + sum(s.slot is not None and s.slot >= self.num_layers for s in self.sites)
         # slot_maps[w][t] maps each layer of window w to its slot at pass t (t >= 2).
-        self.slot_maps = []
-        for w in config.spec.windows:
-            by_pass = {}
+        self.slot_maps = {w: {} for w in self.windows}
+        for w in self.windows:
             for s in self.sites:
-                if w.start <= s.layer < w.end and s.pass_index > 1:
-                    by_pass.setdefault(s.pass_index, {})[s.layer] = s.slot
-            self.slot_maps.append(by_pass)
-        self.mix_weight = None if config.mix is None else 1.0 / (1.0 + math.exp(-config.mix))
+                if s.kind == w.kind and s.slot is not None and w.start <= s.layer < w.end and s.pass_index > 1:
+                    self.slot_maps[w].setdefault(s.pass_index, {})[s.layer] = s.slot
         self.replaying = False
         self.passes = None  # loop_passes: every window's K for now (None: the spec's own)
-        self.recorded = [dict() for _ in config.spec.windows]  # layer -> kwargs of the current forward
-        self.x0 = [None for _ in config.spec.windows]
+        self.recorded: dict[int, dict] = {}  # layer -> kwargs of its first-pass call in this forward
+        self.x0: dict[Window, torch.Tensor] = {}
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.handles = [decoder.register_forward_pre_hook(self._prepare_cache, with_kwargs=True)]
-        for wi, w in enumerate(config.spec.windows):
-            if w.times == 1:
-                continue
-            for j in range(w.start, w.end):
-                self.handles.append(layers[j].register_forward_pre_hook(self._recorder(wi, j), with_kwargs=True))
-            self.handles.append(layers[w.end - 1].register_forward_hook(self._looper(wi), with_kwargs=True))
+        looped_layers = sorted({j for w in self.windows for j in range(w.start, w.end)})
+        for j in looped_layers:
+            self.handles.append(layers[j].register_forward_pre_hook(self._recorder(j), with_kwargs=True))
+        for j in range(self.num_layers):
+            for w in config.spec.windows_ending_at(j):
+                if w.times > 1:
+                    self.handles.append(layers[j].register_forward_hook(self._looper(w), with_kwargs=True))
 
     def remove(self) -> None:
         for h in self.handles:
@@ -400,9 +554,9 @@ class _LoopRuntime:
             self._ensure_slots(cache)
 
     def _ensure_slots(self, cache) -> None:
-        """Append one fresh cache layer per extra call site. Called while the layers it
-        copies are still empty: before the first forward, or, for a cache the model
-        creates itself, before the window's first layer runs."""
+        """Append one fresh cache layer per extra call site that has a slot. Called while
+        the layers it copies are still empty: before the first forward, or, for a cache
+        the model creates itself, before the window's first layer runs."""
         if len(cache.layers) >= self.num_slots:
             return
         if getattr(cache, "layer_class_to_replicate", None) is not None:
@@ -414,7 +568,7 @@ class _LoopRuntime:
                 f"cache has {len(cache.layers)} layers; a looped model with {self.num_layers} layers "
                 f"needs {self.num_layers} (fresh) or {self.num_slots}"
             )
-        extra = [s for s in self.sites if s.slot >= self.num_layers]
+        extra = [s for s in self.sites if s.slot is not None and s.slot >= self.num_layers]
         cache.layers.extend(copy.deepcopy(cache.layers[s.layer]) for s in sorted(extra, key=lambda s: s.slot))
 
     def _view(self, cache, slot_map: dict[int, int]):
@@ -426,68 +580,57 @@ class _LoopRuntime:
 
     # -- hooks -----------------------------------------------------------------------
 
-    def _recorder(self, wi: int, j: int):
-        start = self.config.spec.windows[wi].start
+    def _recorder(self, j: int):
+        starting = [w for w in self.windows if w.start == j]
 
         def hook(module, args, kwargs):
             if self.replaying:
                 return None
             cache = _cache_of(kwargs)
-            if cache is not None and j == start:
+            if cache is not None and starting:
                 self._ensure_slots(cache)
-            self.recorded[wi][j] = kwargs
-            if j == start:
-                self.x0[wi] = args[0] if args else kwargs["hidden_states"]
+            self.recorded[j] = kwargs
+            for w in starting:
+                self.x0[w] = args[0] if args else kwargs["hidden_states"]
             return None
 
         return hook
 
-    def _looper(self, wi: int):
-        window = self.config.spec.windows[wi]
+    def _looper(self, window: Window):
+        run = RUN_KIND[window.kind]
 
         def g(h: torch.Tensor, t: int) -> torch.Tensor:
             for j in range(window.start, window.end):
-                kwargs = dict(self.recorded[wi][j])
+                kwargs = dict(self.recorded[j])
                 kwargs.pop("hidden_states", None)
                 cache = _cache_of(kwargs)
-                if cache is not None:
-                    if t not in self.slot_maps[wi]:
+                if cache is not None and window.kind != "mlp":
+                    if t not in self.slot_maps[window]:
                         raise ValueError(f"loop_passes({t}) deepens window {window} past its own K, which has no "
                                          "cache slots; run that forward with use_cache=False")
-                    kwargs = _with_cache(kwargs, self._view(cache, self.slot_maps[wi][t]))
-                out = self.layers[j](h, **kwargs)
-                h = out[0] if isinstance(out, tuple) else out
+                    kwargs = _with_cache(kwargs, self._view(cache, self.slot_maps[window][t]))
+                h = run(self.layers[j], h, kwargs)
             return h
-
-        def mixed(h: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-            if self.mix_weight is None:
-                return h
-            return self.mix_weight * x0 + (1.0 - self.mix_weight) * h
 
         def hook(module, args, kwargs, output):
             if self.replaying:
                 return None
-            K = window.times if self.passes is None else self.passes
-            if K == 1:  # loop_disabled: the base model's output, untouched
-                self.recorded[wi], self.x0[wi] = {}, None
-                return None
             y1 = output[0] if isinstance(output, tuple) else output
-            x0 = self.x0[wi]
+            config = self.config
+            K = window.times if self.passes is None else self.passes
             self.replaying = True
             try:
-                if self.config.operator == "repeat":
-                    h = y1
-                    for t in range(2, K + 1):
-                        h = g(mixed(h, x0), t)
-                else:  # damped
-                    f = x0 + (y1 - x0) / K
-                    for t in range(2, K + 1):
-                        f = f + (g(mixed(f, x0), t) - f) / K
-                    h = self.config.beta * y1 + (1.0 - self.config.beta) * f
+                if K == 1:  # loop_disabled: the base model's output, untouched
+                    self.x0.pop(window)
+                    return None
+                h = window_outputs(g, self.x0.pop(window), y1, times=(K,), operator=config.operator,
+                                   betas=(config.beta,), mix=config.mix)[(K, config.beta)]
             finally:
                 self.replaying = False
-                self.recorded[wi] = {}
-                self.x0[wi] = None
+                if not any(w.kind == "layer" and w.start <= window.start and window.end <= w.end
+                           for w in self.windows if w is not window):  # an enclosing window still needs them
+                    for j in range(window.start, window.end):
+                        self.recorded.pop(j, None)
             return (h, *output[1:]) if isinstance(output, tuple) else h
 
         return hook

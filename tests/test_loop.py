@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from loopeval import LoopSpec, apply_loop, check_cache, loop_config, remove_loop
-from loopeval.loop import Window
+from loopeval.loop import CallSite, Window
 from loopeval.tiny import ARCHITECTURES, tiny_model
 from loopeval.unroll import unrolled_copy
 
@@ -45,6 +45,30 @@ def test_call_sites_have_distinct_slots():
     assert all(s.kind == "layer" for s in sites)
 
 
+def test_sub_layer_grammar_round_trips():
+    paper = LoopSpec.parse("0:1x3/mlp + 0:8x2")  # Qwen3.5's searched span (paper A.1)
+    assert paper.windows == (Window(0, 8, 2), Window(0, 1, 3, "mlp"))
+    assert str(paper) == "0:8x2+0:1x3/mlp"
+    assert paper.extra_passes == 9  # 8 layer passes + 2 MLP-block passes at half a pass each
+    assert LoopSpec.parse("10:19x2/mlp").extra_passes == 4.5
+    assert LoopSpec.parse("0:2x3/attn").extra_passes == 2
+    for text in ["8:16x2", "10:19x2/mlp", "1:3x3/attn+4:6x2", "0:8x2+0:1x3/mlp", "2:6x2+2:6x2/attn+7:8x4/mlp"]:
+        spec = LoopSpec.parse(text)
+        assert str(spec) == text and LoopSpec.parse(str(spec)) == spec
+    assert str(LoopSpec.parse(" 2 : 6 x 2 /MLP")) == "2:6x2/mlp"
+
+
+def test_sub_layer_call_sites():
+    """MLP-only passes have no cache slot; attention-only passes get their own; a nested
+    window runs right after its last layer's first pass, before its enclosing window's passes."""
+    sites = LoopSpec.parse("0:3x2+0:1x3/mlp+4:6x2/attn").call_sites(6)
+    assert sites == [
+        CallSite(0, 1, 0), CallSite(0, 2, None, "mlp"), CallSite(0, 3, None, "mlp"),
+        CallSite(1, 1, 1), CallSite(2, 1, 2), CallSite(0, 2, 6), CallSite(1, 2, 7), CallSite(2, 2, 8),
+        CallSite(3, 1, 3), CallSite(4, 1, 4), CallSite(5, 1, 5), CallSite(4, 2, 9, "attn"), CallSite(5, 2, 10, "attn"),
+    ]
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
@@ -56,6 +80,10 @@ def test_call_sites_have_distinct_slots():
         ("2:4", "cannot parse"),
         ("", "empty"),
         ("2:4x2+", "cannot parse"),
+        ("2:4x2/ffn", "expected /attn or /mlp"),
+        ("2:6x2+4:8x2/mlp", "overlap without nesting"),
+        ("0:2x2+0:4x2/mlp", "overlap without nesting"),
+        ("0:4x2/mlp+2:6x2/attn", "overlap"),
     ],
 )
 def test_malformed_specs(spec, message):
@@ -83,6 +111,19 @@ def test_bad_options():
     apply_loop(model, "1:3x2")
     with pytest.raises(ValueError, match="already looped"):
         apply_loop(model, "1:3x2")
+
+
+def test_sub_layer_loop_on_unknown_layers_is_refused():
+    """OLMo-2 normalises after each block (post-norm), so its blocks cannot run alone the
+    way a pre-norm layer's can; whole-layer loops still work."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    model = Olmo2ForCausalLM(Olmo2Config(num_hidden_layers=3, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                         num_key_value_heads=2, vocab_size=64))
+    with pytest.raises(ValueError, match="Olmo2DecoderLayer"):
+        apply_loop(model, "0:2x2/mlp")
+    assert loop_config(model) is None
+    apply_loop(model, "0:2x2")
 
 
 def test_unsupported_architecture_is_named():
@@ -130,6 +171,45 @@ def test_looped_equals_unrolled(arch):
     torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), rtol=0, atol=1e-5)
     # one cache slot per call site
     assert len(a.past_key_values.layers) == len(LoopSpec.parse(spec).schedule(model.config.num_hidden_layers))
+
+
+SUB_LAYER_SPECS = ["1:4x2/mlp", "1:5x3/attn", "0:4x2+0:1x3/mlp", "0:5x2+1:3x2/attn", "1:3x2/attn+3:5x3/mlp"]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("spec", SUB_LAYER_SPECS)
+def test_sub_layer_loop_equals_unrolled(arch, spec):
+    """Against a hook-free copy whose sub-layer call sites are copied layers with the
+    other block zeroed: same logits and greedy tokens, cached and uncached. On Qwen3.5,
+    layers 0-2 are Gated DeltaNet and layer 3 full attention, so /attn passes exercise
+    both a recurrent/conv-state slot and a KV slot."""
+    model = tiny_model(arch)
+    reference = unrolled_copy(model, spec)
+    ids, mask = _batch()
+    with torch.no_grad():
+        base = model(ids, attention_mask=mask).logits
+        apply_loop(model, spec)
+        looped = model(ids, attention_mask=mask).logits
+        unrolled = reference(ids, attention_mask=mask).logits
+        kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        kwargs.update(output_logits=True, return_dict_in_generate=True)
+        a = model.generate(ids, **kwargs)
+        b = reference.generate(ids, **kwargs)
+    assert (looped - base)[mask.bool()].abs().max() > 1e-3  # the loop does something
+    torch.testing.assert_close(looped[mask.bool()], unrolled[mask.bool()], rtol=0, atol=1e-5)
+    assert torch.equal(a.sequences, b.sequences)
+    torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), rtol=0, atol=1e-5)
+    slotted = [s for s in LoopSpec.parse(spec).call_sites(6) if s.slot is not None]
+    assert len(a.past_key_values.layers) == len(slotted)  # none for MLP-only passes
+
+
+@pytest.mark.parametrize("arch, spec", [("qwen3", "1:3x3/attn+3:5x2/mlp"), ("qwen3_5", "0:4x2+0:1x3/mlp"),
+                                        ("qwen3_5", "2:4x3/attn"), ("qwen3_next", "1:4x2/attn+4:5x2/mlp")])
+def test_sub_layer_loop_cached_equals_uncached(arch, spec, tokenizer):
+    model = apply_loop(tiny_model(arch, vocab_size=len(tokenizer)), spec, operator="damped", beta=0.25)
+    result = check_cache(model, tokenizer, max_new_tokens=16)
+    assert result.ok, result
+    assert result.max_abs_diff < 1e-4
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -190,13 +270,17 @@ def _manual(model, ids, window, step):
     pe = inner.rotary_emb(x, pos)
     mask = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None, cache=None, position_ids=pos)
 
+    kwargs = dict(attention_mask=mask, position_embeddings=pe, position_ids=pos)
+
     def layer(j, h):
-        return inner.layers[j](h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+        return inner.layers[j](h, **kwargs)
 
     def g(h):
         for j in range(*window):
             h = layer(j, h)
         return h
+
+    g.kwargs = {j: kwargs for j in range(len(inner.layers))}
 
     h = x
     for j in range(window[0]):
@@ -239,6 +323,38 @@ def test_mix_operator():
     with torch.no_grad():
         expected = _manual(model, ids, (1, 5), mixed)
         apply_loop(model, "1:5x3", mix=0.7)
+        got = model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_paper_mlp_loop_by_hand():
+    """The paper's span shape, "loops it twice, plus one MLP loop (K=3) at its first
+    layer", damped (beta = 0.25), written out by hand: layer 0, its MLP block twice more
+    under the damped update, layers 1-3, then the damped window pass."""
+    model = tiny_model("qwen3")
+    ids, _ = _batch()
+    beta = 0.25
+    layers = model.model.layers
+
+    def mlp(j, h):
+        return h + layers[j].mlp(layers[j].post_attention_layernorm(h))
+
+    def window(g, x0):
+        y1 = layers[0](x0, **g.kwargs[0])  # pass 1 with the MLP loop at layer 0
+        f = x0 + (y1 - x0) / 3
+        for _ in range(2):
+            f = f + (mlp(0, f) - f) / 3
+        h = beta * y1 + (1 - beta) * f
+        for j in (1, 2, 3):
+            h = layers[j](h, **g.kwargs[j])
+        y1 = h
+        f = x0 + (y1 - x0) / 2
+        f = f + (g(f) - f) / 2
+        return beta * y1 + (1 - beta) * f
+
+    with torch.no_grad():
+        expected = _manual(model, ids, (0, 4), window)
+        apply_loop(model, "0:4x2+0:1x3/mlp", operator="damped", beta=beta)
         got = model(ids).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 

@@ -1,0 +1,118 @@
+"""``loopeval place`` with prefix reuse against the naive full-forward search, side by side.
+
+The full default grid (widths 2-8, K in {2,3,4}, damped with beta in {0, 0.25, 0.5}:
+1,512 candidates) on a 16-layer random Qwen3 on CPU, scored by both engines on the same
+text, in one run, interleaved (naive, prefix, prefix, naive, ...; the best of the
+repeats): wall and CPU time, layer passes executed (per text position) against the
+analytic count, and the two ratios. Then a projection for Qwen3-8B's 2,016-configuration
+grid (see docs/benchmarks.md for the assumption).
+
+    python benchmarks/bench_place.py [--threads 2] [--repeats 2] [--hidden 128] [--tokens 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from loopeval.cost import loop_cost
+from loopeval.placement import build_grid, place, planned_passes
+from loopeval.tiny import tiny_model, tiny_tokenizer
+
+WORDS = ("the quick brown fox jumps over a lazy dog and then reads five pages a day for six days so how many "
+         "pages does she read in all please reason step by step put your final answer in a box").split()
+
+
+def write_text(path: Path, tokens: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 120))) for _ in range(tokens // 40)]
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+
+
+def qwen3_8b_config():
+    """Qwen3-8B's published shape (no weights are needed to count its FLOPs)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=1024, help="text tokens, validation and test together")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--widths", default="2-8")
+    parser.add_argument("--gpu-tflops", type=float, default=400.0,
+                        help="assumed sustained bf16 throughput of one GPU for the projection")
+    parser.add_argument("--project-tokens", type=int, default=65536)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lo, _, hi = args.widths.partition("-")
+    widths = list(range(int(lo), int(hi or lo) + 1))
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=args.layers, hidden=args.hidden)
+    work = Path(tempfile.mkdtemp(prefix="bench_place_"))
+    data = work / "text.jsonl"
+    write_text(data, args.tokens)
+    options = dict(tokenizer=tokenizer, widths=widths, seq_len=args.seq_len, batch_tokens=args.batch_tokens,
+                   max_tokens=args.tokens, progress=False)
+    grid = build_grid(args.layers, widths=widths)
+    engines = {"naive": False, "prefix reuse": True}
+    results, wall, cpu = {}, {n: [] for n in engines}, {n: [] for n in engines}
+    for i in range(args.repeats):
+        for name in (engines if i % 2 == 0 else reversed(engines)):
+            shutil.rmtree(work / "out", ignore_errors=True)
+            w, c = time.perf_counter(), time.process_time()
+            results[name] = place(model, data, out=work / "out", reuse=engines[name], **options)
+            wall[name].append(time.perf_counter() - w)
+            cpu[name].append(time.process_time() - c)
+    rows = results["naive"].text["rows"]
+    text_tokens = rows * args.seq_len
+    print(f"{args.layers}-layer Qwen3 (hidden {args.hidden}, vocabulary {len(tokenizer)}), {len(grid)} candidates, "
+          f"{rows} rows x {args.seq_len} tokens, {args.threads} threads, best of {args.repeats}")
+    print(f"{'engine':<14}{'wall':>9}{'CPU':>9}{'passes run':>12}{'planned':>10}{'token-layers/s':>16}")
+    for name, result in results.items():
+        planned = planned_passes(grid, args.layers, reuse=engines[name], text_rows=rows)
+        rate = result.layer_passes * text_tokens / min(wall[name])
+        print(f"{name:<14}{min(wall[name]):>8.1f}s{min(cpu[name]):>8.1f}s{result.layer_passes:>12.1f}{planned:>10.1f}"
+              f"{rate:>16.3g}")
+    naive, fast = results["naive"], results["prefix reuse"]
+    floor = (args.layers + sum((args.layers - c.start) + c.spec.extra_passes for c in grid)) / naive.layer_passes
+    same = max(abs(a.ppl_t / b.ppl_t - 1) for a, b in zip(fast.rows, naive.rows))
+    evaluations = fast.fit_evaluations / (len(fast.rows))
+    print(f"temperature fits: {evaluations:.1f} passes over the validation logits per candidate (Newton)")
+    print(f"prefix / naive: layer passes {fast.layer_passes / naive.layer_passes:.3f} (prefix reuse alone: "
+          f"{floor:.3f}); wall {min(wall['prefix reuse']) / min(wall['naive']):.3f}, CPU "
+          f"{min(cpu['prefix reuse']) / min(cpu['naive']):.3f}; largest PPL_T difference {same:.1e} (relative)")
+
+    cfg = qwen3_8b_config()
+    big = build_grid(36)
+    cost = loop_cost(cfg, None)
+    layer_flops = (cost.base_flops_per_token(args.seq_len / 2) - 2 * cost.head_params) / 36
+    head_flops = 2 * cost.head_params
+    passes = planned_passes(big, 36, text_rows=args.project_tokens // 2048)
+    flops = args.project_tokens * (passes * layer_flops + (len(big) + 1) * head_flops)
+    print(f"Qwen3-8B: {len(big)} configurations, {passes:.0f} layer passes per text position (naive "
+          f"{planned_passes(big, 36, reuse=False):.0f}); {layer_flops / 1e9:.2f} GFLOP per token-layer, "
+          f"{head_flops / 1e9:.2f} GFLOP per token for the LM head")
+    print(f"projected for {args.project_tokens} text tokens at {args.gpu_tflops:g} TFLOP/s sustained: "
+          f"{flops / (args.gpu_tflops * 1e12) / 60:.1f} min (naive: "
+          f"{args.project_tokens * (planned_passes(big, 36, reuse=False) * layer_flops + (len(big) + 1) * head_flops) / (args.gpu_tflops * 1e12) / 60:.1f} min)")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

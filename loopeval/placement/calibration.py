@@ -1,0 +1,99 @@
+"""Calibrated perplexity: the fitted temperature T*, and the test sums (NLL, NLL at T*, KL).
+
+The paper scores a candidate by "perplexity after temperature scaling, which divides
+each candidate's logits by the one temperature that minimises its loss on a validation
+split" (section 3): PPL_T = exp NLL_test(T*) with T* = argmin_T NLL_val(T).
+
+NLL_val is convex in the inverse temperature b = 1/T (a log-sum-exp of functions linear
+in b, minus a linear term), with derivatives d/db = mean(E_p[z] - z_y) and
+d2/db2 = mean(Var_p[z]) under p = softmax(b z). ``fit_temperature`` minimises it over
+``TEMPERATURE_BOUNDS`` exactly: Newton's method in log b, warm-started, kept inside a
+bracket that every evaluation narrows (bisection when a step would leave it), to a step
+of ``TOLERANCE``. Each evaluation is one pass over the validation logits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+TEMPERATURE_BOUNDS = (0.05, 20.0)
+"""The bounded range of T* (a candidate whose best temperature lies outside gets the bound)."""
+
+TOLERANCE = 1e-7
+"""Newton stops when a step changes log T by less than this."""
+
+_MAX_EVALUATIONS = 100
+
+
+def slope_and_curvature(chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], b: float) -> tuple[float, float]:
+    """Mean d/db and d2/db2 of the NLL at inverse temperature ``b`` over ``(logits, labels)`` chunks."""
+    slope = curvature = 0.0
+    n = 0
+    for logits, labels in chunks:
+        z = logits.float()
+        z = z - z.amax(-1, keepdim=True)  # shift-invariant; keeps the moments small
+        p = torch.softmax(b * z, -1)
+        moments = torch.bmm(p.unsqueeze(1), torch.stack([z, z * z], -1)).squeeze(1)  # E_p[z], E_p[z^2]
+        m1 = moments[:, 0]
+        slope += float((m1 - z.gather(-1, labels[:, None])[:, 0]).double().sum())
+        curvature += float((moments[:, 1] - m1 * m1).clamp_min(0).double().sum())
+        n += labels.numel()
+    return slope / n, curvature / n
+
+
+@dataclass(frozen=True)
+class TemperatureFit:
+    temperature: float
+    evaluations: int  # passes over the validation logits
+
+
+def fit_temperature(derivatives: Callable[[float], tuple[float, float]], *, start: float = 1.0) -> TemperatureFit:
+    """T* = argmin over ``TEMPERATURE_BOUNDS`` of NLL_val(T), given ``derivatives(b)`` =
+    (dNLL/db, d2NLL/db2) at b = 1/T; Newton in u = log b from T = ``start``."""
+    u_min, u_max = -math.log(TEMPERATURE_BOUNDS[1]), -math.log(TEMPERATURE_BOUNDS[0])
+    lo, hi = u_min, u_max  # the minimiser lies in [lo, hi]
+    u, evaluated = min(max(-math.log(start), u_min), u_max), set()
+    for evaluation in range(1, _MAX_EVALUATIONS + 1):
+        b = math.exp(u)
+        slope_b, curvature_b = derivatives(b)
+        evaluated.add(u)
+        slope, curvature = b * slope_b, b * b * curvature_b + b * slope_b  # d/du, d2/du2
+        if slope == 0:
+            return TemperatureFit(1.0 / b, evaluation)
+        lo, hi = (lo, u) if slope > 0 else (u, hi)
+        if hi == u_min or lo == u_max:  # still sloping at a bound: the bound is the minimiser
+            return TemperatureFit(1.0 / b, evaluation)
+        step = u - slope / curvature if curvature > 0 else math.nan
+        if not lo < step < hi:  # try the bound Newton points past, once; else bisect
+            edge = u_min if slope > 0 else u_max
+            step = edge if edge in (lo, hi) and edge not in evaluated else 0.5 * (lo + hi)
+        if abs(step - u) <= TOLERANCE:
+            return TemperatureFit(math.exp(-step), evaluation)
+        u = step
+    raise RuntimeError(f"fit_temperature: no convergence in {_MAX_EVALUATIONS} evaluations (T = {math.exp(-u)})")
+
+
+@dataclass
+class TestSums:
+    """Sums over test tokens of the plain NLL, the NLL at T*, and KL(unlooped || candidate)."""
+
+    temperature: float
+    nll: float = 0.0
+    nll_t: float = 0.0
+    kl: float = 0.0
+    tokens: int = 0
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor, base_logprobs: torch.Tensor) -> None:
+        """``logits`` (n, V), ``labels`` (n,) and the unlooped model's log-probabilities (n, V)."""
+        z = logits.float()
+        logp = torch.log_softmax(z, -1)
+        logp_t = torch.log_softmax(z / self.temperature, -1)
+        index = labels[:, None]
+        self.nll -= float(logp.gather(-1, index).double().sum())
+        self.nll_t -= float(logp_t.gather(-1, index).double().sum())
+        self.kl += float((base_logprobs.exp() * (base_logprobs - logp)).sum(-1).double().sum())
+        self.tokens += int(labels.numel())
