@@ -55,6 +55,9 @@ eight-layer window ... loops it twice, plus one MLP loop (K=3) at its first laye
 (``0:8x2+0:1x3/mlp``: 8 layer passes plus 2 MLP-block passes), charges the paper's
 "32 -> 41 passes" (A.2). FLOPs and bytes are counted exactly in ``loopeval.cost``."""
 
+MAX_PASSES = 64  # passes per layer that a spec may ask for
+MAX_EXTRA_SITES = 4096  # extra call sites per token that a spec may add
+
 _WINDOW = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*([A-Za-z]+)\s*)?$")
 
 
@@ -118,7 +121,10 @@ class LoopSpec:
     windows: tuple[Window, ...]
 
     @classmethod
-    def parse(cls, spec: str | LoopSpec) -> LoopSpec:
+    def parse(cls, spec: str | LoopSpec, *, max_passes: int = MAX_PASSES, max_extra_sites: int = MAX_EXTRA_SITES) -> LoopSpec:
+        """Parse ``spec``; refuse, before building anything, a window run more than
+        ``max_passes`` times or a loop adding more than ``max_extra_sites`` call sites
+        (limits on work, not on the model: raise them for a deliberate huge loop)."""
         if isinstance(spec, LoopSpec):
             return spec
         if not isinstance(spec, str):
@@ -140,7 +146,14 @@ class LoopSpec:
                 raise ValueError(f"loop spec {spec!r}: window {part.strip()!r} has end {end} <= start {start}")
             if times < 1:
                 raise ValueError(f"loop spec {spec!r}: window {part.strip()!r} has {times} passes; K must be >= 1")
+            if times > max_passes:
+                raise ValueError(f"loop spec {spec!r}: window {part.strip()!r} runs {times} times; more than "
+                                 f"{max_passes} passes per layer is refused (LoopSpec.parse(..., max_passes=...) to allow it)")
             windows.append(Window(start, end, times, kind))
+        extra = sum((w.end - w.start) * (w.times - 1) for w in windows)
+        if extra > max_extra_sites:
+            raise ValueError(f"loop spec {spec!r}: adds {extra} call sites per token; more than {max_extra_sites} is "
+                             "refused (LoopSpec.parse(..., max_extra_sites=...) to allow it)")
         windows.sort(key=lambda w: (w.start, KINDS.index(w.kind), w.end))
         for i, a in enumerate(windows):
             for b in windows[i + 1:]:

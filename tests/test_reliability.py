@@ -56,6 +56,9 @@ TABLE = {
                               r"looped is given twice", 2),
     "check-cache-empty-prompt": (["check-cache", "--prompt", ""], r"prompt 0 is empty", 2),
     "check-cache-bad-spec": (["check-cache", "--loop", "4:2x2"], r"loop spec '4:2x2': window '4:2x2' has end 2 <= start 4", 2),
+    "check-cache-unbounded-loop": (["check-cache", "--loop", "2:4x1000000000000"],
+                                   r"runs 1000000000000 times; more than 64 passes per layer is refused", 2),
+    "check-cache-huge-window": (["check-cache", "--loop", "0:100000x3"], r"adds 200000 call sites per token", 2),
     "check-cache-bad-loop-config": (_bad_loop_config, r"ckpt/loop_config.json: not a valid loop configuration \(loop mix 'x'", 2),
     "power-bad-delta": (["power", str(RUNS / "twin"), str(RUNS / "looped"), "--delta", "2"], r"delta must be a fraction in \(-1, 1\), got 2.0 \(fractions, not points", 2),
 }
