@@ -15,24 +15,6 @@ from pathlib import Path
 from loopeval.loop import LOOP_CONFIG_NAME, LoopSpec, apply_loop, loop_config, resolve_loop
 
 
-def check_source(path: str | Path) -> None:
-    """Refuse, before any weights load, a checkpoint that is neither a local folder nor a hub
-    model whose config can be read. A path that looks local is named as a missing folder,
-    not as a malformed hub id."""
-    text = str(path)
-    if Path(text).is_dir():
-        return
-    if text.startswith((".", "/", "~")) or text.count("/") != 1 or "\\" in text:
-        raise ValueError(f"{text}: no such local folder (a hub id has the form org/name)")
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(text)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{text}: neither a local folder nor a hub model whose config can be read ({first})") from None
-
-
 def load_model(
     path: str | Path,
     loop: str | LoopSpec | None = None,

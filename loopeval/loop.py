@@ -276,18 +276,40 @@ def read_loop_config(path: str | Path) -> LoopConfig | None:
         raise ValueError(f"{file}: not a valid loop configuration ({exc})") from None
 
 
+def check_source(path: str | Path, *, revision: str | None = None, trust_remote_code: bool = False) -> None:
+    """Refuse, before any weights load, a checkpoint that is neither a local folder nor a hub
+    model whose config can be read. A path that looks local is named as a missing folder,
+    not as a malformed hub id."""
+    text = str(path)
+    if Path(text).is_dir():
+        return
+    if text.startswith((".", "/", "~")) or text.count("/") != 1 or "\\" in text:
+        raise ValueError(f"{text}: no such local folder (a hub id has the form org/name)")
+    from transformers import AutoConfig
+
+    kwargs = {"revision": revision} if revision is not None else {}
+    try:
+        AutoConfig.from_pretrained(text, trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{text}: neither a local folder nor a hub model whose config can be read ({first})") from None
+
+
 def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | None = None,
                  beta: float | None = None, mix: float | None = None, arg_prefix: str = "",
                  revision: str | None = None, trust_remote_code: bool = False) -> LoopConfig | None:
     """The loop to apply to ``source``: a checkpoint path or hub id, a model, or a model config.
 
     The one rule for every entry point (``load_model``, lm-eval's ``looped``, training,
-    ``check-cache``): a source that already has a loop (``loop_config.json``, or an
-    applied loop) keeps it, and giving ``loop`` as well is an error; otherwise ``loop``
-    with its options is the loop, checked against the source's layer count. Nothing
-    but the config is read, so a bad spec fails before any weights load. Option
-    names in errors carry ``arg_prefix`` (lm-eval's args are ``loop_operator`` ...).
+    ``check-cache``, ``place``): a path or hub id must exist (:func:`check_source`); a
+    source that already has a loop (``loop_config.json``, or an applied loop) keeps it,
+    and giving ``loop`` as well is an error; otherwise ``loop`` with its options is the
+    loop, checked against the source's layer count. Nothing but the config is read, so
+    a bad spec fails before any weights load. Option names in errors carry
+    ``arg_prefix`` (lm-eval's args are ``loop_operator`` ...).
     """
+    if isinstance(source, (str, Path)):
+        check_source(source, revision=revision, trust_remote_code=trust_remote_code)
     options = {"operator": operator, "beta": beta, "mix": mix}
     if loop is None:
         given = [f"{arg_prefix}{k}" for k, v in options.items() if v is not None]

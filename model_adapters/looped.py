@@ -35,7 +35,8 @@ from transformers import LogitsProcessorList
 import loopeval
 from loopeval.args import as_bool, as_choice, as_float, as_int, as_text
 from loopeval.cache_check import check_cache as run_cache_check
-from loopeval.checkpoint import check_source, weights_fingerprint
+from loopeval.checkpoint import weights_fingerprint
+from loopeval.loop import check_source
 from loopeval.cost import loop_cost
 from loopeval.decoding import (
     DEFAULT_RESERVE,

@@ -60,6 +60,12 @@ TABLE = {
                                    r"runs 1000000000000 times; more than 64 passes per layer is refused", 2),
     "check-cache-huge-window": (["check-cache", "--loop", "0:100000x3"], r"adds 200000 call sites per token", 2),
     "check-cache-bad-loop-config": (_bad_loop_config, r"ckpt/loop_config.json: not a valid loop configuration \(loop mix 'x'", 2),
+    "place-missing-model": (lambda tmp: ["place", "--model", str(tmp / "no_such_ckpt"), "--data", str(_file(tmp)),
+                                         "--out", str(tmp / "out")], r"no_such_ckpt: no such local folder", 2),
+    "place-missing-relative-model": (["place", "--model", "base", "--data", "x.jsonl", "--out", "out"],
+                                     r"base: no such local folder \(a hub id has the form org/name\)", 2),
+    "check-cache-missing-model": (["check-cache", "--model", "ckpt/looped"],
+                                  r"ckpt/looped: neither a local folder nor a hub model whose config can be read", 2),
     "power-bad-delta": (["power", str(RUNS / "twin"), str(RUNS / "looped"), "--delta", "2"], r"delta must be a fraction in \(-1, 1\), got 2.0 \(fractions, not points", 2),
 }
 

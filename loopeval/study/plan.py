@@ -99,14 +99,12 @@ def check_before_compute(study: Study, evaluations: list[Evaluation]) -> None:
     loop fits its config, twins and looped models get the same per-model args (unless the
     study names the difference in ``intended_differences``), twins share their training
     manifest, and no finished folder was made with other settings."""
-    from loopeval.checkpoint import check_source
     from loopeval.loop import resolve_loop
     from loopeval.manifest import find_manifest, twin_mismatches
 
     _check_tasks(study)
     for i, m in enumerate(study.models):
         try:
-            check_source(m.path)
             loop = resolve_loop(m.path, m.loop, operator=m.operator, beta=m.beta, mix=m.mix)
         except (ValueError, OSError) as exc:
             raise ValueError(f"{study.path}: models[{i}] ({m.name}): {exc}") from None
