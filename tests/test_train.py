@@ -96,10 +96,13 @@ def test_micro_batches_change_only_rounding(tmp_path, work):
     whole = train_model(work / "base", work / "data.jsonl", out=tmp_path / "whole", config=config, progress=False)
     split = train_model(work / "base", work / "data.jsonl", out=tmp_path / "split", progress=False,
                         config=dataclasses.replace(config, micro_batch_size=3))  # chunks of 3, 3 and 2 rows
+    assert [x for _, x in whole.loss_curve] == pytest.approx([x for _, x in split.loss_curve], rel=1e-5)
+    # Adam divides each gradient element by its running RMS, so an element whose gradient
+    # is near rounding level moves by a visible fraction of lr (3e-3) on either side: the
+    # weights agree to 1/30 of lr, the losses above to 1e-5.
     a, b = state(whole.path), state(split.path)
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
-    assert [x for _, x in whole.loss_curve] == pytest.approx([x for _, x in split.loss_curve], rel=1e-5)
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-4)
     assert twin_mismatches(whole.manifest, split.manifest) == ["config.micro_batch_size: None != 3"]
 
 
