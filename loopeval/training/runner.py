@@ -189,6 +189,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+        recipe.end_step(step, lambda t: accelerator.reduce(t, "sum") / n_targets)
         window.append(accelerator.reduce(step_loss, "sum") / n_targets)
         for name, value in step_terms.items():
             terms_window.setdefault(name, []).append(accelerator.reduce(value, "sum") / n_targets)
@@ -240,7 +241,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         "loop_draws": recipe.draws(draws) if loop is not None else None,
         "base": str(base),
         "base_weights_sha256": base_hash,
-        "parameters": {"base": base_params, "final": final_params},
+        "parameters": {"base": base_params, "final": final_params, "added": recipe.added_parameters()},
         **recipe.record(),
         "data": data.summary(),
         "heldout": heldout.summary() if heldout is not None else None,
