@@ -296,6 +296,14 @@ def _train(args) -> int:
         loss = " -> ".join(f"{x:.4f}" for _, x in (m["loss_curve"][0], m["loss_curve"][-1])[:len(m["loss_curve"])])
         print(f"{m['role']:<6}  {r.path}  {m['recipe']}: loss {loss}, {m['tokens']['input']} tokens, "
               f"{m['flops']['train']:.3g} training FLOPs, {m['train_time_s']:.1f} s training")
+        if m.get("exit"):
+            from loopeval.exit_monitor import collapse_notes
+
+            last = ", ".join(f"{x:.3f}" for x in m["exit"]["p"][-1])
+            print(f"        exit distribution at the last step: p = [{last}]; mix w = {m['mix']['weight']:.5f}; "
+                  f"{m['parameters']['added']} parameters added (exit gate, mix logit)")
+            for note in collapse_notes(m, str(r.path)):
+                print(f"warning: {note}")
         for point in m["heldout_curve"]:
             by = ", ".join(f"{k}: {v:.4f}" for k, v in point.get("loss_by_passes", {}).items())
             print(f"        held-out loss at step {point['step']}: {point['loss']:.4f}" + (f" (by passes {by})" if by else ""))
