@@ -24,14 +24,7 @@ from loopeval.unroll import unrolled_copy
 
 LETTERS = string.ascii_lowercase[:10]
 CONFIG = TrainConfig(recipe="loop-convert", steps=6, batch_size=8, lr=3e-3, max_length=64, log_every=1)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -348,3 +341,19 @@ def test_cache_check_still_fails_the_naive_shared_slot_loop(tokenizer):
     model = _naive_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), "0:6x3")
     result = check_cache(model, tokenizer, max_new_tokens=12)
     assert not result.ok
+
+
+def test_cli_runs_the_same_code_path(work, tmp_path, capsys):
+    from loopeval.cli import main
+
+    common = ["train", "--base", str(work / "base"), "--data", str(work / "data.jsonl"), "--recipe", "loop-convert",
+              "--steps", "2", "--batch-size", "8", "--max-length", "64", "--only", "looped"]
+    assert main([*common, "--loop", "0:6x2", "--out", str(tmp_path / "a"), "--exit-beta", "0.5",
+                 "--exit-smoothing", "0", "--mix-init", "3.0"]) == 0
+    printed = capsys.readouterr().out
+    assert "exit distribution at the last step: p = [" in printed and "66 parameters added" in printed
+    m = json.loads((tmp_path / "a" / "looped" / "training_manifest.json").read_text())
+    assert (m["config"]["exit_beta"], m["config"]["exit_smoothing"], m["mix"]["init"]) == (0.5, 0.0, 3.0)
+    assert main([*common, "--loop", "2:4x2", "--out", str(tmp_path / "b")]) == 2
+    assert "re-applies only layers 2..3 of 6" in capsys.readouterr().err
+    assert not (tmp_path / "b" / "looped").exists()
