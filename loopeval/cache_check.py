@@ -145,7 +145,7 @@ def run_check_cache_cli(args) -> int:
     from loopeval.checkpoint import load_model
     from loopeval.loop import apply_loop, loop_config, resolve_loop
 
-    options = dict(operator=args.operator, beta=args.beta, mix=args.mix)
+    options = dict(operator=args.operator, beta=args.beta, mix=args.mix, mix_source=args.mix_source)
     prompts = _checked_prompts(args.prompt or DEFAULT_PROMPTS)  # before any weights load
     if args.model is None:
         from loopeval.tiny import tiny_model, tiny_tokenizer

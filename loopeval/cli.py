@@ -20,6 +20,7 @@ def _add_check_cache(sub) -> None:
     p.add_argument("--operator", default=None, choices=["repeat", "damped"])
     p.add_argument("--beta", type=float, default=None)
     p.add_argument("--mix", type=float, default=None)
+    p.add_argument("--mix-source", default=None, choices=["window", "embedding"])
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: three built-in prompts")

@@ -357,3 +357,18 @@ def test_cli_runs_the_same_code_path(work, tmp_path, capsys):
     assert main([*common, "--loop", "2:4x2", "--out", str(tmp_path / "b")]) == 2
     assert "re-applies only layers 2..3 of 6" in capsys.readouterr().err
     assert not (tmp_path / "b" / "looped").exists()
+
+
+def test_heldout_and_intermediate_checkpoints(work, tokenizer):
+    (work / "heldout.jsonl").write_text("".join(json.dumps({"text": "j i h g f e d c b a " * (i + 1)}) + "\n"
+                                                for i in range(3)))
+    config = TrainConfig(recipe="loop-convert", steps=3, batch_size=8, lr=3e-3, max_length=64, save_every=2)
+    result = train_model(work / "base", work / "data.jsonl", heldout=work / "heldout.jsonl", loop="0:6x3",
+                         out=work / "held", config=config, progress=False)
+    curve = result.manifest["heldout_curve"]
+    assert [p["step"] for p in curve] == [2, 3] and set(curve[-1]["loss_by_passes"]) == {"1", "2", "3"}
+    assert curve[-1]["loss_by_passes"]["3"] == pytest.approx(curve[-1]["loss"])
+    middle, _ = load_model(result.path / "checkpoint-2")
+    final, _ = load_model(result.path)
+    assert exit_gate(middle) is not None
+    assert loop_config(middle).mix != loop_config(final).mix == result.manifest["mix"]["trained"]

@@ -83,6 +83,10 @@ class Recipe:
     def record(self) -> dict:
         return {}
 
+    def checkpoint(self, trained: torch.nn.Module) -> torch.nn.Module:
+        """The model an intermediate checkpoint saves, from the unwrapped trainable module."""
+        return trained
+
     def end_step(self, step: int, reduce) -> None:
         """Called after every optimizer step; ``reduce(t)`` is a tensor summed over the
         step's target tokens on this process, as a mean over the global batch's."""
@@ -252,6 +256,9 @@ class LoopConvert(Recipe):
         message = self.monitor.update(step, p[0])
         if message is not None:
             warnings.warn(message, stacklevel=2)
+
+    def checkpoint(self, trained):
+        return trained.model if self.loop is not None else trained  # the learned mix is saved at its current value
 
     def finish(self, model, out, *, keep_adapters):
         return model.finish() if self.loop is not None else model

@@ -214,7 +214,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
             t0 = time.perf_counter()
             name = f"checkpoint-{step + 1}"
             if accelerator.is_main_process:
-                save_model(accelerator.unwrap_model(wrapped), tokenizer, out / name)
+                save_model(recipe.checkpoint(accelerator.unwrap_model(wrapped)), tokenizer, out / name)
             accelerator.wait_for_everyone()
             checkpoints.append({"step": step + 1, "tokens": input_tokens, "path": name})
             eval_time += time.perf_counter() - t0
