@@ -232,7 +232,10 @@ LOOP_CONFIG_NAME = "loop_config.json"
 class LoopConfig:
     """A loop: its spec and operator options. It validates itself on construction, so a
     ``LoopConfig`` that exists is well-formed; only the layer count is checked later
-    (:meth:`validate`, :func:`resolve_loop`). ``spec`` may be given as a string."""
+    (:meth:`validate`, :func:`resolve_loop`). ``spec`` may be given as a string.
+    ``mix`` is the input-mixing logit (``None``: no mixing) and ``mix_source`` what it
+    mixes in, the window's input (``"window"``) or the token embedding (``"embedding"``).
+    A trained logit (recipe ``loop-convert``) is stored here as a float."""
 
     spec: LoopSpec
     operator: str = "repeat"
@@ -645,6 +648,8 @@ class _LoopRuntime:
         looped_layers = sorted({j for w in self.windows for j in range(w.start, w.end)})
         if config.mix_source == "embedding" and self.windows:
             self.handles.append(layers[0].register_forward_pre_hook(self._embedding_recorder, with_kwargs=True))
+        # the window that runs last in a forward (nested windows run before their enclosing one)
+        self.last_window = max(self.windows, key=lambda w: (w.end, w.kind == "layer")) if self.windows else None
         for j in looped_layers:
             self.handles.append(layers[j].register_forward_pre_hook(self._recorder(j), with_kwargs=True))
         for j in range(self.num_layers):
@@ -753,6 +758,8 @@ class _LoopRuntime:
                     self.recording.append((window, iterates))
             finally:
                 self.replaying = False
+                if window is self.last_window:
+                    self.embedding = None
                 if not any(w.kind == "layer" and w.start <= window.start and window.end <= w.end
                            for w in self.windows if w is not window):  # an enclosing window still needs them
                     for j in range(window.start, window.end):
