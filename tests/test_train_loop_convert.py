@@ -372,3 +372,31 @@ def test_heldout_and_intermediate_checkpoints(work, tokenizer):
     final, _ = load_model(result.path)
     assert exit_gate(middle) is not None
     assert loop_config(middle).mix != loop_config(final).mix == result.manifest["mix"]["trained"]
+
+
+@pytest.mark.slow
+def test_lm_eval_cli_exit_after_equals_the_loop_saved_at_k(pair, tmp_path):
+    from conftest import write_generate_task
+    from test_looped_lm import _lm_eval, _samples
+
+    from loopeval import remove_loop
+    from loopeval.trace import find_traces
+
+    _, looped = pair
+    model, tok = load_model(looped.path)
+    stored = loop_config(model)
+    save_model(apply_loop(remove_loop(model), LoopConfig("0:6x2", mix=stored.mix, mix_source="embedding")), tok,
+               tmp_path / "x2")
+    rows = [{"question": q, "answer": "7"} for q in ("What is 3 + 4?", "2 + 2 =", "A box holds 8 eggs; 3 boxes?")]
+    write_generate_task(tmp_path / "tasks", "tiny_gen", rows, max_gen_toks=12)
+    common = ["--tasks", "tiny_gen", "--include_path", str(tmp_path / "tasks")]
+    for name, args in (("a", f"pretrained={looped.path},exit_after=2"), ("b", f"pretrained={tmp_path / 'x2'}")):
+        run = _lm_eval("--model", "looped", "--model_args", f"{args},trace={tmp_path / name}",
+                       "--output_path", str(tmp_path / name), *common, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+    a, b = _samples(tmp_path / "a", "tiny_gen"), _samples(tmp_path / "b", "tiny_gen")
+    assert {d: s["resps"] for d, s in a.items()} == {d: s["resps"] for d, s in b.items()}
+    (trace,) = find_traces(tmp_path / "a")
+    assert trace.header.exit_after == 2 and trace.header.loop["loop"] == "0:6x2"
+    assert trace.header.multiplier == 2.0 and trace.header.cache_check["ok"] is True
+    assert all(item.passes_per_token == 12 for item in trace.items)
