@@ -1,10 +1,11 @@
 """Loading and saving plain and looped checkpoints, in Hugging Face conventions.
 
 A looped checkpoint is an ordinary ``save_pretrained`` folder (the base weights, once)
-plus ``loop_config.json`` with the spec, operator, beta and mix, like PEFT's
-``adapter_config.json``. ``load_model(path)`` re-applies that loop, so a looped
-checkpoint needs nothing but its path; ``--model hf`` on the same folder loads the
-unlooped base model.
+plus ``loop_config.json`` with the spec, operator, beta, mix and mix source, like PEFT's
+``adapter_config.json``, and, when the loop was trained with an exit gate
+(``loop-convert``), ``exit_gate.safetensors`` beside the base weights.
+``load_model(path)`` re-applies that loop, so a looped checkpoint needs nothing but its
+path; ``--model hf`` on the same folder loads the unlooped base model.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from loopeval.exit_gate import EXIT_GATE_NAME, attach_gate, exit_gate, load_gate, save_gate
 from loopeval.loop import LOOP_CONFIG_NAME, LoopSpec, apply_loop, loop_config, resolve_loop
 
 
@@ -22,6 +24,7 @@ def load_model(
     operator: str | None = None,
     beta: float | None = None,
     mix: float | None = None,
+    mix_source: str | None = None,
     **from_pretrained_kwargs,
 ):
     """Load ``(model, tokenizer)`` from a checkpoint folder or hub id, looped.
@@ -34,16 +37,21 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "trust_remote_code") if k in from_pretrained_kwargs}
-    wanted = resolve_loop(path, loop, operator=operator, beta=beta, mix=mix, **config_kwargs)
+    wanted = resolve_loop(path, loop, operator=operator, beta=beta, mix=mix, mix_source=mix_source, **config_kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, **config_kwargs)
     if wanted is not None:
         apply_loop(model, wanted)
+        if Path(path).is_dir():
+            gate = load_gate(path, hidden_size=model.config.get_text_config(decoder=True).hidden_size)
+            if gate is not None:
+                attach_gate(model, gate.to(model.device))
     return model.eval(), tokenizer
 
 
 def save_model(model, tokenizer, path: str | Path) -> Path:
-    """Write ``model``'s base weights, its tokenizer and, if looped, ``loop_config.json``."""
+    """Write ``model``'s base weights, its tokenizer and, if looped, ``loop_config.json``
+    (a mix logit being learned is written with its current value) and its exit gate."""
     path = Path(path)
     model.save_pretrained(path)
     if tokenizer is not None:
@@ -54,6 +62,11 @@ def save_model(model, tokenizer, path: str | Path) -> Path:
         file.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     elif file.exists():
         file.unlink()
+    gate = exit_gate(model)
+    if gate is not None:
+        save_gate(gate, path)
+    elif (path / EXIT_GATE_NAME).exists():
+        (path / EXIT_GATE_NAME).unlink()
     return path
 
 

@@ -20,6 +20,7 @@ def _add_check_cache(sub) -> None:
     p.add_argument("--operator", default=None, choices=["repeat", "damped"])
     p.add_argument("--beta", type=float, default=None)
     p.add_argument("--mix", type=float, default=None)
+    p.add_argument("--mix-source", default=None, choices=["window", "embedding"])
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: three built-in prompts")
@@ -190,12 +191,13 @@ def _power(args) -> int:
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train an unlooped twin and a looped model identically (full, convert or cpt)",
+        help="train an unlooped twin and a looped model identically (full, convert, cpt or loop-convert)",
         description=(
             "Train BASE twice by one recipe on the same JSONL rows, batches, order, seeds and steps: without the "
             "loop into OUT/twin and with it into OUT/looped (or one of them with --only, for separate jobs). "
             "Recipes: full (full fine-tune), convert (LoRA through the loop, KL to the unmodified model, "
-            "merged at the end), cpt (continued pretraining on packed text, held-out loss per pass count). "
+            "merged at the end), cpt (continued pretraining on packed text, held-out loss per pass count), "
+            "loop-convert (paper 004: a whole-decoder loop with a learned mix logit and an exit gate, smoothed exit loss). "
             "Each folder is a checkpoint with training_manifest.json. Options left out take TrainConfig's "
             "defaults (docs/training.md). Data-parallel: accelerate launch -m loopeval train ..."
         ),
@@ -210,6 +212,8 @@ def _add_train(sub) -> None:
     p.add_argument("--operator", default="repeat", choices=["repeat", "damped"])
     p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--mix", type=float, default=None, help="fixed input-mixing logit (not learned)")
+    p.add_argument("--mix-source", default=None, choices=["window", "embedding"],
+                   help="what --mix mixes in: the window's input (default) or the token embedding")
     p.add_argument("--overwrite", action="store_true", help="write into non-empty output folders")
     config = p.add_argument_group("training (TrainConfig)")
     config.add_argument("--recipe", default=argparse.SUPPRESS, choices=RECIPES, help="default: full")
@@ -236,6 +240,11 @@ def _add_train(sub) -> None:
         ("--nll-weight", float, "convert: weight of the NLL (default 0.1)"),
         ("--curriculum", float, "convert: fraction of steps over which p(loop) rises 0 -> 1 (default 1/3)"),
         ("--passes", _passes, "cpt: random depth, every window's passes drawn per batch from a range, e.g. 1-3"),
+        ("--exit-beta", float, "loop-convert: entropy coefficient beta of the exit loss (default 0.15, paper 004)"),
+        ("--exit-smoothing", float, "loop-convert: epsilon mixing the exit distribution with uniform in the LM loss (default 0.05)"),
+        ("--mix-init", float, "loop-convert: initial mix logit a, w = sigmoid(a) (default 4.6, w = 0.99)"),
+        ("--collapse-threshold", float, "loop-convert: p0 above which the exit gate counts as collapsed (default 0.95)"),
+        ("--collapse-patience", int, "loop-convert: consecutive collapsed steps before a warning (default 50)"),
     ]:
         config.add_argument(flag, type=type_, default=argparse.SUPPRESS, help=help_)
     config.add_argument("--activation-checkpointing", action="store_true", default=argparse.SUPPRESS,
@@ -272,7 +281,7 @@ def _train(args) -> int:
     if args.loop is None and args.only != TWIN:
         raise ValueError("--loop is required unless --only twin")
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
-    loop = dict(operator=args.operator, beta=args.beta, mix=args.mix)
+    loop = dict(operator=args.operator, beta=args.beta, mix=args.mix, mix_source=args.mix_source)
     common = dict(config=config, overwrite=args.overwrite, heldout=args.heldout, keep_adapters=args.keep_adapters)
     out = Path(args.out)
     if args.only == TWIN:
@@ -288,6 +297,14 @@ def _train(args) -> int:
         loss = " -> ".join(f"{x:.4f}" for _, x in (m["loss_curve"][0], m["loss_curve"][-1])[:len(m["loss_curve"])])
         print(f"{m['role']:<6}  {r.path}  {m['recipe']}: loss {loss}, {m['tokens']['input']} tokens, "
               f"{m['flops']['train']:.3g} training FLOPs, {m['train_time_s']:.1f} s training")
+        if m.get("exit"):
+            from loopeval.exit_monitor import collapse_notes
+
+            last = ", ".join(f"{x:.3f}" for x in m["exit"]["p"][-1])
+            print(f"        exit distribution at the last step: p = [{last}]; mix w = {m['mix']['weight']:.5f}; "
+                  f"{m['parameters']['added']} parameters added (exit gate, mix logit)")
+            for note in collapse_notes(m, str(r.path)):
+                print(f"warning: {note}")
         for point in m["heldout_curve"]:
             by = ", ".join(f"{k}: {v:.4f}" for k, v in point.get("loss_by_passes", {}).items())
             print(f"        held-out loss at step {point['step']}: {point['loss']:.4f}" + (f" (by passes {by})" if by else ""))

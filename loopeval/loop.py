@@ -25,13 +25,17 @@ layers, and a sub-layer window's ``g`` at passes ``t >= 2`` is its chain of bloc
 * ``damped`` (paper A.1): ``F(x) = x + (g(x) - x) / K`` and the output is
   ``beta * g(x0) + (1 - beta) * F^K(x0)``.
 * ``mix`` (input mixing, "Closing the Loop"): before every pass ``t >= 2`` the input
-  of ``g`` is ``w * x0 + (1 - w) * h`` with ``w = sigmoid(mix)``, where ``h`` is the
-  current iterate. It combines with either operator.
+  of ``g`` is ``w * s + (1 - w) * h`` with ``w = sigmoid(mix)``, where ``h`` is the
+  current iterate and ``s`` the mixing source: the window's input ``x0``
+  (``mix_source="window"``) or the token embedding ``e``, the input of layer 0
+  (``"embedding"``, 004's Eq. 1: "z_t = w e + (1 - w) h_{t-1}, w = sigma(a)"). For a
+  window starting at layer 0 the two are the same tensor. It combines with either operator.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -43,6 +47,9 @@ import torch
 from torch import nn
 
 OPERATORS = ("repeat", "damped")
+
+MIX_SOURCES = ("window", "embedding")
+"""What input mixing mixes into passes ``t >= 2``: the window's input, or the token embedding."""
 
 KINDS = ("layer", "attn", "mlp")
 """What a call site executes: the whole decoder layer, only its attention block (the
@@ -212,6 +219,10 @@ class LoopSpec:
         """The layer index of every call site in execution order."""
         return [s.layer for s in self.call_sites(num_layers)]
 
+    def at_depth(self, passes: int) -> LoopSpec:
+        """This spec with every window run ``passes`` times."""
+        return LoopSpec(tuple(dataclasses.replace(w, times=passes) for w in self.windows))
+
 
 LOOP_CONFIG_NAME = "loop_config.json"
 """The file beside a checkpoint's weights that stores its loop (like PEFT's ``adapter_config.json``)."""
@@ -221,12 +232,16 @@ LOOP_CONFIG_NAME = "loop_config.json"
 class LoopConfig:
     """A loop: its spec and operator options. It validates itself on construction, so a
     ``LoopConfig`` that exists is well-formed; only the layer count is checked later
-    (:meth:`validate`, :func:`resolve_loop`). ``spec`` may be given as a string."""
+    (:meth:`validate`, :func:`resolve_loop`). ``spec`` may be given as a string.
+    ``mix`` is the input-mixing logit (``None``: no mixing) and ``mix_source`` what it
+    mixes in, the window's input (``"window"``) or the token embedding (``"embedding"``).
+    A trained logit (recipe ``loop-convert``) is stored here as a float."""
 
     spec: LoopSpec
     operator: str = "repeat"
     beta: float = 0.0
     mix: float | None = None
+    mix_source: str = "window"
 
     def __post_init__(self):
         object.__setattr__(self, "spec", LoopSpec.parse(self.spec))
@@ -240,23 +255,42 @@ class LoopConfig:
         object.__setattr__(self, "beta", beta)
         if self.mix is not None:
             object.__setattr__(self, "mix", _finite(self.mix, "loop mix", "a finite logit (w = sigmoid(mix))"))
+        if self.mix_source not in MIX_SOURCES:
+            raise ValueError(f"loop mix_source {self.mix_source!r}: unknown; choose one of {', '.join(MIX_SOURCES)}")
+        if self.mix_source != "window" and self.mix is None:
+            raise ValueError(f"loop mix_source {self.mix_source!r} given without mix (the mixing logit)")
 
     def validate(self, num_layers: int) -> LoopConfig:
         """Raise ``ValueError`` if the spec reaches past the model's last layer."""
         self.spec.validate(num_layers)
         return self
 
+    def exit_after(self, steps: int) -> LoopConfig:
+        """The loop run for ``steps`` passes and read there (004's "fixed exit after k
+        steps"): every window at ``K = steps``, options kept. ``steps`` must lie in
+        ``1..K`` of every window."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"exit_after={steps!r}: must be an integer >= 1 (the number of loop steps to run)")
+        short = [w for w in self.spec.windows if w.times < steps]
+        if short:
+            raise ValueError(f"exit_after={steps}: larger than the loop's step count; window {short[0]} of loop "
+                             f"{self.spec} runs {short[0].times} times")
+        return dataclasses.replace(self, spec=self.spec.at_depth(steps))
+
     def to_dict(self) -> dict:
-        return {"loop": str(self.spec), "operator": self.operator, "beta": self.beta, "mix": self.mix}
+        """The stored form; ``mix_source`` is written only when it is not ``"window"``,
+        so loops from before it existed are stored (and compared) as they were."""
+        d = {"loop": str(self.spec), "operator": self.operator, "beta": self.beta, "mix": self.mix}
+        return d if self.mix_source == "window" else {**d, "mix_source": self.mix_source}
 
     @classmethod
     def from_dict(cls, d: dict) -> LoopConfig:
         if not isinstance(d, dict) or "loop" not in d:
             raise ValueError(f"expected an object with a 'loop' spec, got {d!r}")
-        unknown = sorted(set(d) - {"loop", "operator", "beta", "mix"})
+        unknown = sorted(set(d) - {"loop", "operator", "beta", "mix", "mix_source"})
         if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(unknown)}; a loop has loop, operator, beta and mix")
-        return cls(d["loop"], d.get("operator", "repeat"), d.get("beta", 0.0), d.get("mix"))
+            raise ValueError(f"unknown key(s) {', '.join(unknown)}; a loop has loop, operator, beta, mix and mix_source")
+        return cls(d["loop"], d.get("operator", "repeat"), d.get("beta", 0.0), d.get("mix"), d.get("mix_source", "window"))
 
 
 def _finite(value, what: str, expected: str) -> float:
@@ -296,8 +330,9 @@ def check_source(path: str | Path, *, revision: str | None = None, trust_remote_
 
 
 def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | None = None,
-                 beta: float | None = None, mix: float | None = None, arg_prefix: str = "",
-                 revision: str | None = None, trust_remote_code: bool = False) -> LoopConfig | None:
+                 beta: float | None = None, mix: float | None = None, mix_source: str | None = None,
+                 arg_prefix: str = "", revision: str | None = None,
+                 trust_remote_code: bool = False) -> LoopConfig | None:
     """The loop to apply to ``source``: a checkpoint path or hub id, a model, or a model config.
 
     The one rule for every entry point (``load_model``, lm-eval's ``looped``, training,
@@ -310,7 +345,7 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | 
     """
     if isinstance(source, (str, Path)):
         check_source(source, revision=revision, trust_remote_code=trust_remote_code)
-    options = {"operator": operator, "beta": beta, "mix": mix}
+    options = {"operator": operator, "beta": beta, "mix": mix, "mix_source": mix_source}
     if loop is None:
         given = [f"{arg_prefix}{k}" for k, v in options.items() if v is not None]
         if given:
@@ -328,7 +363,7 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | 
             f"{source if not isinstance(source, nn.Module) else 'the model'} already has the loop {stored.spec} "
             f"({LOOP_CONFIG_NAME}); drop loop={loop!s} or load the base checkpoint"
         )
-    wanted = LoopConfig(loop, operator or "repeat", 0.0 if beta is None else beta, mix)
+    wanted = LoopConfig(loop, operator or "repeat", 0.0 if beta is None else beta, mix, mix_source or "window")
     return wanted.validate(count_layers(source, revision=revision, trust_remote_code=trust_remote_code))
 
 
@@ -359,7 +394,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def apply_loop(model: nn.Module, loop: str | LoopSpec | LoopConfig, *, operator: str = "repeat", beta: float = 0.0,
-               mix: float | None = None):
+               mix: float | None = None, mix_source: str = "window"):
     """Loop ``model`` in place and return it. No parameters are added or copied.
 
     ``loop`` is a spec (with the operator options) or a whole :class:`LoopConfig`.
@@ -367,11 +402,11 @@ def apply_loop(model: nn.Module, loop: str | LoopSpec | LoopConfig, *, operator:
     architecture or an already looped model, before anything is changed.
     """
     if isinstance(loop, LoopConfig):
-        if (operator, beta, mix) != ("repeat", 0.0, None):
+        if (operator, beta, mix, mix_source) != ("repeat", 0.0, None, "window"):
             raise ValueError("apply_loop: give the operator options inside the LoopConfig, not beside it")
         config = loop
     else:
-        config = LoopConfig(loop, operator, beta, mix)
+        config = LoopConfig(loop, operator, beta, mix, mix_source)
     layers = decoder_layers(model)
     config.validate(len(layers))
     check_sub_layer_support(layers, config.spec)
@@ -393,9 +428,14 @@ def remove_loop(model: nn.Module) -> nn.Module:
 
 
 def loop_config(model: nn.Module) -> LoopConfig | None:
-    """The loop applied to ``model``, or ``None``."""
+    """The loop applied to ``model``, or ``None``; a mix logit being learned
+    (:func:`set_learned_mix`) appears with its current value."""
     runtime = getattr(model, "_loopeval", None)
-    return runtime.config if runtime is not None else None
+    if runtime is None:
+        return None
+    if runtime.learned_mix is not None:
+        return dataclasses.replace(runtime.config, mix=float(runtime.learned_mix.detach()))
+    return runtime.config
 
 
 # -- the depth of one forward (training: the curriculum, random depth, a teacher) ------
@@ -438,26 +478,34 @@ def loop_disabled(model: nn.Module):
 # -- the operators ------------------------------------------------------------------
 
 
-def mix_weight(mix: float | None) -> float | None:
-    """``w = sigmoid(mix)``, the weight of ``x0`` in the input of passes ``t >= 2``."""
-    return None if mix is None else 1.0 / (1.0 + math.exp(-mix))
+def mix_weight(mix):
+    """``w = sigmoid(mix)``, the weight of the mixing source in the input of passes ``t >= 2``;
+    a float for a stored logit, a tensor (with its gradient) for a learned one."""
+    if mix is None:
+        return None
+    return torch.sigmoid(mix) if isinstance(mix, torch.Tensor) else 1.0 / (1.0 + math.exp(-mix))
 
 
 def window_outputs(g, x0: torch.Tensor, y1: torch.Tensor, *, times, operator: str = "repeat", betas=(0.0,),
-                   mix: float | None = None) -> dict[tuple[int, float], torch.Tensor]:
+                   mix=None, mix_input: torch.Tensor | None = None,
+                   iterates: list | None = None) -> dict[tuple[int, float], torch.Tensor]:
     """A window's output for every ``K`` in ``times`` (and, ``damped``, every ``beta`` in
     ``betas``), keyed ``(K, beta)``; ``repeat`` keys use ``beta = 0.0``.
 
     ``g(h, t)`` applies the window's pass ``t >= 2`` to ``h``; ``x0`` is the window's
-    input and ``y1`` its first-pass output. Iterates are shared where the operator
-    allows: ``repeat`` runs one chain to the largest ``K`` and reads every smaller ``K``
-    off it (``max(times) - 1`` calls of ``g``); ``damped`` runs one chain per ``K``
-    (its step ``1/K`` differs) and reads every ``beta`` off it (``sum(K - 1)`` calls).
+    input and ``y1`` its first-pass output. ``mix`` (a logit, float or tensor) mixes
+    ``mix_input`` (default ``x0``) into the input of every pass ``t >= 2``. Iterates are
+    shared where the operator allows: ``repeat`` runs one chain to the largest ``K`` and
+    reads every smaller ``K`` off it (``max(times) - 1`` calls of ``g``); ``damped`` runs
+    one chain per ``K`` (its step ``1/K`` differs) and reads every ``beta`` off it
+    (``sum(K - 1)`` calls). ``iterates`` (``repeat`` only) receives the output after
+    every pass ``1..max(times)``.
     """
     w = mix_weight(mix)
+    source = x0 if mix_input is None else mix_input
 
     def mixed(h):
-        return h if w is None else w * x0 + (1.0 - w) * h
+        return h if w is None else w * source + (1.0 - w) * h
 
     times = sorted(set(int(k) for k in times))
     out = {}
@@ -466,9 +514,14 @@ def window_outputs(g, x0: torch.Tensor, y1: torch.Tensor, *, times, operator: st
         for t in range(1, times[-1] + 1):
             if t > 1:
                 h = g(mixed(h), t)
+            if iterates is not None:
+                iterates.append(h)
             if t in times:
                 out[(t, 0.0)] = h
         return out
+    if iterates is not None:
+        raise ValueError("window_outputs: the damped operator's passes are not its outputs at smaller K; "
+                         "per-pass iterates exist for the repeat operator only")
     for K in times:
         f = x0 + (y1 - x0) / K
         for t in range(2, K + 1):
@@ -476,6 +529,52 @@ def window_outputs(g, x0: torch.Tensor, y1: torch.Tensor, *, times, operator: st
         for beta in betas:
             out[(K, float(beta))] = beta * y1 + (1.0 - beta) * f
     return out
+
+
+@contextmanager
+def record_iterates(model: nn.Module):
+    """Record, for the forwards inside the block, every window's output after each of
+    its passes: yields a list that gets one ``(window, [h_1, ..., h_K])`` entry per
+    window per forward, in execution order (``h_1`` is the first-pass output, ``h_K``
+    the window's output). ``repeat`` loops only (a ``damped`` pass is not an output).
+    A window run once (:func:`loop_disabled`) records ``[h_1]``. ``model`` is the looped
+    model or a wrapper whose attribute lookups reach it."""
+    runtime = getattr(model, "_loopeval", None)
+    if runtime is None:
+        raise ValueError("record_iterates: the model has no loop")
+    if runtime.config.operator != "repeat":
+        raise ValueError(f"record_iterates: loop operator {runtime.config.operator!r}: per-pass outputs exist for "
+                         "the repeat operator only")
+    if runtime.recording is not None:
+        raise ValueError("record_iterates: already recording this model")
+    runtime.recording = []
+    try:
+        yield runtime.recording
+    finally:
+        runtime.recording = None
+
+
+def set_learned_mix(model: nn.Module, logit: torch.Tensor | None) -> None:
+    """Use the tensor ``logit`` (e.g. an ``nn.Parameter`` being trained) as the loop's mix
+    logit instead of the stored float, or go back to the stored float (``None``). The
+    model's own parameters are unchanged: the logit lives wherever the caller keeps it."""
+    runtime = getattr(model, "_loopeval", None)
+    if runtime is None:
+        raise ValueError("set_learned_mix: the model has no loop")
+    if logit is not None and runtime.config.mix is None:
+        raise ValueError("set_learned_mix: the loop has no mix; give the loop a mix logit (its initial value) first")
+    runtime.learned_mix = logit
+
+
+def store_mix(model: nn.Module, value: float) -> LoopConfig:
+    """Make ``value`` the loop's stored mix logit (what ``save_model`` writes) and stop
+    using any learned tensor; returns the new config."""
+    runtime = getattr(model, "_loopeval", None)
+    if runtime is None:
+        raise ValueError("store_mix: the model has no loop")
+    runtime.config = dataclasses.replace(runtime.config, mix=float(value))
+    runtime.learned_mix = None
+    return runtime.config
 
 
 # -- sub-layer blocks ----------------------------------------------------------------
@@ -560,11 +659,19 @@ class _LoopRuntime:
                     self.slot_maps[w].setdefault(s.pass_index, {})[s.layer] = s.slot
         self.replaying = False
         self.passes = None  # loop_passes: every window's K for now (None: the spec's own)
+        self.recording: list | None = None  # record_iterates: (window, iterates) per window per forward
+        self.learned_mix: torch.Tensor | None = None  # set_learned_mix: a trained logit used instead of config.mix
+        self.embedding: torch.Tensor | None = None  # mix_source "embedding": the input of layer 0 in this forward
+        self.exit_gate: nn.Module | None = None  # loopeval.exit_gate.attach_gate: kept with the loop, not a submodule
         self.recorded: dict[int, dict] = {}  # layer -> kwargs of its first-pass call in this forward
         self.x0: dict[Window, torch.Tensor] = {}
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.handles = [decoder.register_forward_pre_hook(self._prepare_cache, with_kwargs=True)]
         looped_layers = sorted({j for w in self.windows for j in range(w.start, w.end)})
+        if config.mix_source == "embedding" and self.windows:
+            self.handles.append(layers[0].register_forward_pre_hook(self._embedding_recorder, with_kwargs=True))
+        # the window that runs last in a forward (nested windows run before their enclosing one)
+        self.last_window = max(self.windows, key=lambda w: (w.end, w.kind == "layer")) if self.windows else None
         for j in looped_layers:
             self.handles.append(layers[j].register_forward_pre_hook(self._recorder(j), with_kwargs=True))
         for j in range(self.num_layers):
@@ -615,6 +722,10 @@ class _LoopRuntime:
 
     # -- hooks -----------------------------------------------------------------------
 
+    def _embedding_recorder(self, module, args, kwargs):
+        if not self.replaying:
+            self.embedding = args[0] if args else kwargs["hidden_states"]
+
     def _recorder(self, j: int):
         starting = [w for w in self.windows if w.start == j]
 
@@ -653,15 +764,24 @@ class _LoopRuntime:
             y1 = output[0] if isinstance(output, tuple) else output
             config = self.config
             K = window.times if self.passes is None else self.passes
+            iterates = [] if self.recording is not None else None
             self.replaying = True
             try:
                 if K == 1:  # loop_disabled: the base model's output, untouched
                     self.x0.pop(window)
+                    if iterates is not None:
+                        self.recording.append((window, [y1]))
                     return None
+                mix = self.learned_mix if self.learned_mix is not None else config.mix
+                source = self.embedding if config.mix_source == "embedding" else None
                 h = window_outputs(g, self.x0.pop(window), y1, times=(K,), operator=config.operator,
-                                   betas=(config.beta,), mix=config.mix)[(K, config.beta)]
+                                   betas=(config.beta,), mix=mix, mix_input=source, iterates=iterates)[(K, config.beta)]
+                if iterates is not None:
+                    self.recording.append((window, iterates))
             finally:
                 self.replaying = False
+                if window is self.last_window:
+                    self.embedding = None
                 if not any(w.kind == "layer" and w.start <= window.start and window.end <= w.end
                            for w in self.windows if w is not window):  # an enclosing window still needs them
                     for j in range(window.start, window.end):

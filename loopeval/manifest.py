@@ -16,9 +16,10 @@ MANIFEST_NAME = "training_manifest.json"
 MANIFEST_FORMAT = "loopeval-training/2"
 _READABLE = (MANIFEST_FORMAT, "loopeval-training/1")  # format 1: full fine-tunes before recipes existed
 
-RECIPES = ("full", "convert", "cpt")
+RECIPES = ("full", "convert", "cpt", "loop-convert")
 """Training recipes (paper A.3): full fine-tuning, LoRA conversion through the loop,
-and continued pretraining through the loop."""
+and continued pretraining through the loop; and paper 004's dense-to-loop conversion
+(learned input mixing and a smoothed exit loss)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ TWIN_RULES = {
                         _SHARED + ("lora.init_sha256", "lora.modules", "parameters")),
     # random depth draws the loop's passes per batch; both twins measure the same held-out rows
     "cpt": TwinRule(_LOOP + ("loop_draws",) + _RESULTS + _RUN, _SHARED + ("heldout.sha256",)),
+    # 004's twin: "Qwen3-1.7B-Base continued on exactly the same data for the same number of
+    # steps" (the same recipe without the loop, i.e. on the plain NLL). The loop adds the exit
+    # gate and the mix logit (parameters.added), its exit distribution and its loss terms.
+    "loop-convert": TwinRule(_LOOP + ("loss_terms", "exit", "mix", "parameters.added") + _RESULTS + _RUN,
+                             _SHARED + ("parameters.base",)),
 }
 
 

@@ -4,12 +4,16 @@ Its format lives here only. A trace is a JSON-lines file named
 ``loopeval_trace_<timestamp>[_rank<k>].jsonl``. The first line is the header::
 
     {"kind": "header", "format": 2, "created": <unix seconds>, "model": str,
-     "loop": {"loop", "operator", "beta", "mix"} | null, "cost": {...LoopCost.summary()},
+     "loop": {"loop", "operator", "beta", "mix"[, "mix_source"]} | null, "exit_after": int | null,
+     "cost": {...LoopCost.summary()},
      "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff"} | null,
      "versions": {...}}
 
 ``decoding`` holds exactly the settings both sides of a comparison must share
 (:class:`DecodingSettings`); the loop and its cost are what legitimately differ.
+``exit_after`` (004's fixed exit) is part of the looped side's loop, not a shared
+setting (a twin has no loop): ``loop`` is the loop as evaluated, every window at
+``K = exit_after``, and ``cost`` is that of those k steps.
 Every following line is one generation request::
 
     {"kind": "item", "task": str, "doc_id": int, "idx": int, "prompt_hash": str,
@@ -78,12 +82,13 @@ class TraceHeader:
     """What an evaluation was: the model, its loop and cost, and its decoding settings."""
 
     model: str | None
-    loop: dict | None  # LoopConfig.to_dict() of the applied loop
+    loop: dict | None  # LoopConfig.to_dict() of the applied loop (at K = exit_after, if given)
     cost: dict  # LoopCost.summary()
     decoding: DecodingSettings
     cache_check: dict | None = None
     versions: dict = field(default_factory=dict)
     weights: str | None = None  # checkpoint.weights_fingerprint of the evaluated weights
+    exit_after: int | None = None  # the fixed exit (steps run of a longer trained loop), or None
 
     @property
     def looped(self) -> bool:
@@ -106,7 +111,8 @@ class TraceHeader:
             raise ValueError(f"unknown loopeval trace format {rec.get('format')!r} (this loopeval reads 1 and {FORMAT})")
         return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
                    decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
-                   versions=dict(rec.get("versions") or {}), weights=rec.get("weights"))
+                   versions=dict(rec.get("versions") or {}), weights=rec.get("weights"),
+                   exit_after=rec.get("exit_after"))
 
     @classmethod
     def _from_format_1(cls, s: dict) -> TraceHeader:

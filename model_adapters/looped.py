@@ -51,7 +51,7 @@ from loopeval.decoding import (
     forcing_tokens,
     scaled_budget,
 )
-from loopeval.loop import OPERATORS, apply_loop, loop_config, resolve_loop
+from loopeval.loop import MIX_SOURCES, OPERATORS, apply_loop, loop_config, resolve_loop
 from loopeval.responses import ResponseStore, request_key
 from loopeval.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter, prompt_hash
 
@@ -60,8 +60,11 @@ from loopeval.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter
 class LoopedArgs:
     """The model args ``looped`` adds to ``--model hf``'s, parsed from lm-eval's strings.
 
-    ``loop``, ``loop_operator``, ``loop_beta``, ``loop_mix``: a loop to apply (a
-    checkpoint written by ``loopeval.save_model`` brings its own). ``check_cache``:
+    ``loop``, ``loop_operator``, ``loop_beta``, ``loop_mix``, ``loop_mix_source``: a
+    loop to apply (a checkpoint written by ``loopeval.save_model`` brings its own).
+    ``exit_after``: run the loop's first k steps and read the output there (004's
+    fixed exit; :meth:`loopeval.loop.LoopConfig.exit_after`), exactly cached and
+    charged as k steps. ``check_cache``:
     check cached looped decoding against full recomputation on the first batch.
     ``budget_forcing``, ``bf_reserve`` (tokens at the default budget, the paper's 512),
     ``bf_reserve_rule`` (how the reserve follows ``budget_scale``: ``scaled`` or
@@ -78,6 +81,8 @@ class LoopedArgs:
     loop_operator: str | None = None
     loop_beta: float | None = None
     loop_mix: float | None = None
+    loop_mix_source: str | None = None
+    exit_after: int | None = None
     check_cache: bool = True
     budget_forcing: bool = False
     bf_reserve: int = DEFAULT_RESERVE
@@ -94,7 +99,9 @@ class LoopedArgs:
         """Every value checked and typed; errors name the arg. ``raw`` keeps HFLM's args."""
         parsers = {
             "loop": as_text, "loop_operator": lambda n, v: as_choice(n, v, OPERATORS),
-            "loop_beta": as_float, "loop_mix": as_float, "check_cache": as_bool, "budget_forcing": as_bool,
+            "loop_beta": as_float, "loop_mix": as_float,
+            "loop_mix_source": lambda n, v: as_choice(n, v, MIX_SOURCES), "exit_after": lambda n, v: as_int(n, v, minimum=1),
+            "check_cache": as_bool, "budget_forcing": as_bool,
             "bf_reserve": lambda n, v: as_int(n, v, minimum=1),
             "bf_reserve_rule": lambda n, v: as_choice(n, v, RESERVE_RULES), "bf_string": as_text,
             "bf_when_answered": lambda n, v: as_choice(n, v, WHEN_ANSWERED), "repetition_stop": as_bool,
@@ -169,8 +176,17 @@ class LoopedLM(HFLM):
         # The loop is checked against the config before HFLM loads any weights.
         self.loop = resolve_loop(
             pretrained, args.loop, operator=args.loop_operator, beta=args.loop_beta, mix=args.loop_mix,
-            arg_prefix="loop_", revision=kwargs.get("revision"), trust_remote_code=kwargs.get("trust_remote_code", False),
+            mix_source=args.loop_mix_source, arg_prefix="loop_", revision=kwargs.get("revision"),
+            trust_remote_code=kwargs.get("trust_remote_code", False),
         )
+        if args.exit_after is not None:
+            if self.loop is None:
+                raise ValueError(f"looped: exit_after={args.exit_after} given for a model without a loop "
+                                 "(give loop= or a looped checkpoint)")
+            try:
+                self.loop = self.loop.exit_after(args.exit_after)
+            except ValueError as exc:
+                raise ValueError(f"looped: {exc}") from None
         # Keep the thinking block in responses (the scorer needs it); HFLM would demand
         # think_end_token and strip it.
         if kwargs.get("enable_thinking") is not None and kwargs.get("think_end_token") is None:
@@ -229,6 +245,7 @@ class LoopedLM(HFLM):
         return TraceHeader(
             model=str(self.pretrained) if isinstance(self.pretrained, str) else type(self.pretrained).__name__,
             loop=self.loop.to_dict() if self.loop else None,
+            exit_after=self.args.exit_after,
             cost=self.cost.summary(),
             decoding=self.decoding_settings(),
             cache_check=None if check is None else {"ok": check.ok, "max_abs_diff": check.max_abs_diff,

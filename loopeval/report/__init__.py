@@ -111,7 +111,7 @@ def build_report(
         strict=strict,
         notes=[f"{c.label}, {row.task or 'macro'}: {w}" for c in conditions
                for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings]
-        + training.undecontaminated(evals),
+        + training.undecontaminated(evals) + training.loop_conversion(evals),
     )
     if data.failed_checks:
         message = "; ".join(f"{c.name}: {c.detail}" for c in data.failed_checks)

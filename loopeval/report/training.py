@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loopeval.exchange import training_curves
+from loopeval.exit_monitor import collapse_notes
 from loopeval.manifest import read_manifest
 from loopeval.report.evaluations import Evaluation
 
@@ -51,6 +52,21 @@ def undecontaminated(evals: list[Evaluation]) -> list[str]:
     return [f"{e.where.name}: its training data has no decontamination record in the manifest"
             for e in evals if e.manifest and "decontamination" in e.manifest.get("data", {})
             and not e.manifest["data"]["decontamination"]]
+
+
+def loop_conversion(evals: list[Evaluation]) -> list[str]:
+    """Notes for evaluated checkpoints trained by ``loop-convert`` (paper 004): the
+    parameters the recipe added beside the base's, and every exit-gate collapse in
+    the recorded exit distribution ("the loss alone does not reveal the collapse")."""
+    notes = []
+    for e in evals:
+        m = e.manifest or {}
+        added = (m.get("parameters") or {}).get("added")
+        if added:
+            notes.append(f"{e.where.name}: recipe {m.get('recipe')} added {added} parameters beside the base's "
+                         f"{m['parameters']['base']} (exit gate and mix logit)")
+        notes += collapse_notes(m, e.where.name)
+    return notes
 
 
 def draw(curves: list[dict]):

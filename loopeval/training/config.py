@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from loopeval.exit_monitor import COLLAPSE_PATIENCE, COLLAPSE_THRESHOLD
 from loopeval.manifest import RECIPES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -19,11 +20,13 @@ RECIPE_DEFAULTS = {
     "convert": {"lr": 1e-4, "min_lr_ratio": 0.1},
     # Paper A.3: "The learning rate is constant after warm-up, so checkpoints lie on one trajectory."
     "cpt": {"lr": 1e-5, "min_lr_ratio": 1.0},
+    "loop-convert": {"lr": 1e-5, "min_lr_ratio": 0.1},
 }
 
 RECIPE_FIELDS = {
     "convert": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "kl_weight", "nll_weight", "curriculum"),
     "cpt": ("passes",),
+    "loop-convert": ("exit_beta", "exit_smoothing", "mix_init", "collapse_threshold", "collapse_patience"),
 }
 
 ALL_LINEAR = "all-linear"
@@ -60,6 +63,15 @@ class TrainConfig:
     ``passes=(lo, hi)`` draws every window's number of passes per batch uniformly from
     ``lo..hi`` ("The looped model applies the loop a random 1–3 times per batch.");
     ``None`` trains at the loop's own depth.
+
+    ``loop-convert`` (paper 004, "Closing the Loop", section 4 and F.2): every weight
+    trains, through a whole-decoder loop ``0:NxT``, with a learned mixing logit
+    initialised at ``mix_init`` ("We initialize a = 4.6, corresponding to w = 0.99005")
+    and an exit gate. The loss is ``(1 - eps) sum_t p_t L_t + eps/T sum_t L_t - beta
+    H(p)`` with ``beta = exit_beta`` ("entropy coefficient beta = 0.15") and ``eps =
+    exit_smoothing`` ("we additionally smooth the exit-weighted LM loss with eps =
+    0.05"). The gate-collapse monitor warns when ``p_0 > collapse_threshold`` for more
+    than ``collapse_patience`` consecutive steps (:mod:`loopeval.exit_monitor`).
     """
 
     recipe: str = "full"
@@ -89,6 +101,12 @@ class TrainConfig:
     curriculum: float = 1 / 3
     # cpt
     passes: tuple[int, int] | None = None
+    # loop-convert
+    exit_beta: float = 0.15
+    exit_smoothing: float = 0.05
+    mix_init: float = 4.6
+    collapse_threshold: float = COLLAPSE_THRESHOLD
+    collapse_patience: int = COLLAPSE_PATIENCE
 
     def __post_init__(self):
         def need(ok: bool, what: str):
@@ -138,6 +156,12 @@ class TrainConfig:
         need(self.kl_weight + self.nll_weight > 0,
              f"kl_weight + nll_weight must be > 0, got {self.kl_weight} + {self.nll_weight}: nothing to optimise")
         need(0.0 <= self.curriculum <= 1.0, f"curriculum must be a fraction of the steps in [0, 1], got {self.curriculum}")
+        need(math.isfinite(self.exit_beta) and self.exit_beta >= 0, f"exit_beta must be >= 0, got {self.exit_beta}")
+        need(0.0 <= self.exit_smoothing <= 1.0, f"exit_smoothing must lie in [0, 1], got {self.exit_smoothing}")
+        need(math.isfinite(self.mix_init), f"mix_init must be a finite logit (w = sigmoid(mix_init)), got {self.mix_init}")
+        need(0.0 < self.collapse_threshold < 1.0, f"collapse_threshold must lie in (0, 1), got {self.collapse_threshold}")
+        need(isinstance(self.collapse_patience, int) and self.collapse_patience >= 0,
+             f"collapse_patience must be an integer >= 0, got {self.collapse_patience!r}")
         if self.passes is not None:
             need(len(self.passes) == 2 and all(isinstance(k, int) and not isinstance(k, bool) for k in self.passes),
                  f"passes must be a range (lo, hi) of integers, got {self.passes!r}")

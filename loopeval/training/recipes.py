@@ -11,6 +11,9 @@ micro-batch's summed objective and its terms), ``finish`` (the model to save) an
 * ``convert``: LoRA through the loop with a KL to the unmodified model, a recurrence
   curriculum, and the adapters merged at the end.
 * ``cpt``: continued pretraining on packed text, optionally at a random depth per batch.
+* ``loop-convert`` (paper 004): every weight trains through a whole-decoder loop with a
+  learned mix logit and an exit gate, on the smoothed exit loss; the twin is the same
+  data and steps on the plain NLL.
 """
 
 from __future__ import annotations
@@ -79,6 +82,18 @@ class Recipe:
 
     def record(self) -> dict:
         return {}
+
+    def checkpoint(self, trained: torch.nn.Module) -> torch.nn.Module:
+        """The model an intermediate checkpoint saves, from the unwrapped trainable module."""
+        return trained
+
+    def end_step(self, step: int, reduce) -> None:
+        """Called after every optimizer step; ``reduce(t)`` is a tensor summed over the
+        step's target tokens on this process, as a mean over the global batch's."""
+
+    def added_parameters(self) -> int:
+        """Parameters the recipe adds beside the base model's (kept outside it)."""
+        return 0
 
 
 class Full(Recipe):
@@ -183,7 +198,90 @@ class ContinuedPretraining(Recipe):
         return {"kind": "random_depth", "range": list(self.config.passes), "passes": depths}
 
 
-RECIPE_CLASSES = {cls.name: cls for cls in (Full, Convert, ContinuedPretraining)}
+class LoopConvert(Recipe):
+    """``loop-convert`` (paper 004, section 4, "a minimal recipe for converting pretrained
+    dense models into looped ones: a single learned input-mixing scalar and a smoothed exit
+    loss, with no step-specific parameters"). "The pretrained decoder, embeddings,
+    vocabulary, and LM head are preserved and remain trainable. We add recurrent
+    execution, a shared exit gate, scalar embedding injection".
+
+    The twin runs the same recipe without the loop: one step, p_0 = 1 and H(p) = 0, so
+    its loss is the plain NLL, 004's "Qwen3-1.7B-Base continued on exactly the same data
+    for the same number of steps". The p_t of every step go into the manifest
+    (``exit.p``) and the collapse monitor warns on the console.
+    """
+
+    name = "loop-convert"
+
+    def preflight(self, base, *, heldout) -> None:
+        from loopeval.loop import count_layers
+        from loopeval.training.loop_convert import check_loop, initial_loop
+
+        if self.loop is not None:
+            check_loop(self.loop, count_layers(base))
+            self.loop = initial_loop(self.loop, self.config.mix_init)
+
+    def prepare(self, model):
+        if self.loop is None:
+            return model
+        from loopeval.exit_monitor import CollapseMonitor
+        from loopeval.training.loop_convert import LoopConvertModel, added_parameters
+
+        c = self.config
+        self.module = LoopConvertModel(model, mix_init=c.mix_init, seed=c.seed)
+        self.added = added_parameters(model)
+        self.monitor = CollapseMonitor(threshold=c.collapse_threshold, patience=c.collapse_patience)
+        self.p_sum, self.p_steps = None, []
+        return self.module
+
+    def losses(self, model, batch):
+        if self.loop is None:
+            return super().losses(model, batch)
+        from loopeval.exit_gate import exit_loss_sums
+
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        sums = exit_loss_sums(out["step_nll"], out["halt"], beta=self.config.exit_beta,
+                              smoothing=self.config.exit_smoothing)
+        self.p_sum = sums["p"] if self.p_sum is None else self.p_sum + sums["p"]
+        return sums["loss"], {"lm": sums["lm"], "entropy": sums["entropy"]}
+
+    def end_step(self, step, reduce):
+        if self.loop is None:
+            return
+        import warnings
+
+        p = reduce(self.p_sum).tolist()
+        self.p_sum = None
+        self.p_steps.append(p)
+        message = self.monitor.update(step, p[0])
+        if message is not None:
+            warnings.warn(message, stacklevel=2)
+
+    def checkpoint(self, trained):
+        return trained.model if self.loop is not None else trained  # the learned mix is saved at its current value
+
+    def finish(self, model, out, *, keep_adapters):
+        return model.finish() if self.loop is not None else model
+
+    def added_parameters(self) -> int:
+        return self.added if self.loop is not None else 0
+
+    def record(self) -> dict:
+        if self.loop is None:
+            return {}
+        from loopeval.exit_monitor import collapse_episodes
+        from loopeval.loop import mix_weight
+
+        c = self.config
+        trained = float(self.module.mix.detach())
+        episodes = collapse_episodes([p[0] for p in self.p_steps], threshold=c.collapse_threshold,
+                                     patience=c.collapse_patience)
+        return {"exit": {"steps": len(self.p_steps[0]) if self.p_steps else None, "p": self.p_steps,
+                         "collapses": [list(e) for e in episodes]},
+                "mix": {"init": c.mix_init, "trained": trained, "weight": mix_weight(trained)}}
+
+
+RECIPE_CLASSES = {cls.name: cls for cls in (Full, Convert, ContinuedPretraining, LoopConvert)}
 
 
 def make_recipe(config: TrainConfig, loop: LoopConfig | None) -> Recipe:

@@ -10,7 +10,6 @@ and the step, so every process draws the same (checked at the end).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import platform
@@ -26,7 +25,7 @@ import torch
 
 from loopeval.checkpoint import load_model, save_model
 from loopeval.cost import loop_cost
-from loopeval.loop import LoopConfig, LoopSpec, apply_loop, loop_passes
+from loopeval.loop import LoopConfig, apply_loop, loop_passes
 from loopeval.manifest import MANIFEST_FORMAT, MANIFEST_NAME
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, batch_order, collate, update_batch_hash
@@ -50,11 +49,6 @@ class TrainResult:
         return [(step, loss) for step, loss in self.manifest["loss_curve"]]
 
 
-def at_depth(spec: LoopSpec, passes: int) -> LoopSpec:
-    """``spec`` with every window run ``passes`` times."""
-    return LoopSpec(tuple(dataclasses.replace(w, times=passes) for w in spec.windows))
-
-
 class _Flops:
     """Forward FLOPs of rows of given lengths at a loop depth: the sum over a row's
     positions t = 1..L (position t attends to t tokens) of every call site and the LM head."""
@@ -65,7 +59,7 @@ class _Flops:
     def __call__(self, lengths: np.ndarray, depth: int | None) -> float:
         key = 1 if self.loop is None else depth  # None: the loop's own depth
         if key not in self.tables:
-            spec = None if key == 1 else self.loop.spec if key is None else at_depth(self.loop.spec, key)
+            spec = None if key == 1 else self.loop.spec if key is None else self.loop.spec.at_depth(key)
             per = loop_cost(self.model, spec).flops_per_token(np.arange(1, self.max_length + 1))
             self.tables[key] = np.concatenate([[0.0], np.cumsum(per)])
         return float(self.tables[key][lengths].sum())
@@ -195,6 +189,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+        recipe.end_step(step, lambda t: accelerator.reduce(t, "sum") / n_targets)
         window.append(accelerator.reduce(step_loss, "sum") / n_targets)
         for name, value in step_terms.items():
             terms_window.setdefault(name, []).append(accelerator.reduce(value, "sum") / n_targets)
@@ -219,7 +214,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
             t0 = time.perf_counter()
             name = f"checkpoint-{step + 1}"
             if accelerator.is_main_process:
-                save_model(accelerator.unwrap_model(wrapped), tokenizer, out / name)
+                save_model(recipe.checkpoint(accelerator.unwrap_model(wrapped)), tokenizer, out / name)
             accelerator.wait_for_everyone()
             checkpoints.append({"step": step + 1, "tokens": input_tokens, "path": name})
             eval_time += time.perf_counter() - t0
@@ -246,7 +241,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         "loop_draws": recipe.draws(draws) if loop is not None else None,
         "base": str(base),
         "base_weights_sha256": base_hash,
-        "parameters": {"base": base_params, "final": final_params},
+        "parameters": {"base": base_params, "final": final_params, "added": recipe.added_parameters()},
         **recipe.record(),
         "data": data.summary(),
         "heldout": heldout.summary() if heldout is not None else None,

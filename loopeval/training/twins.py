@@ -24,7 +24,8 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise ValueError(f"output folder {out} exists and is not empty; choose another or pass overwrite=True (--overwrite)")
 
 
-def _resolve(base: str | Path, loop, operator: str, beta: float, mix: float | None) -> LoopConfig | None:
+def _resolve(base: str | Path, loop, operator: str, beta: float, mix: float | None,
+             mix_source: str | None) -> LoopConfig | None:
     """The loop to train (``None``: the twin), checked against ``base`` before weights load.
     Twins start from an unlooped checkpoint, so a looped base is refused."""
     stored = resolve_loop(base)
@@ -32,7 +33,7 @@ def _resolve(base: str | Path, loop, operator: str, beta: float, mix: float | No
         raise ValueError(f"base checkpoint {base} is looped ({stored.spec}); twins start from an unlooped checkpoint")
     if loop is None:
         return None
-    return resolve_loop(base, loop, operator=operator, beta=beta, mix=mix)
+    return resolve_loop(base, loop, operator=operator, beta=beta, mix=mix, mix_source=mix_source)
 
 
 def _prepare(base, data, heldout, loops: list[LoopConfig | None], config: TrainConfig,
@@ -55,12 +56,14 @@ def _prepare(base, data, heldout, loops: list[LoopConfig | None], config: TrainC
 
 
 def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: str | LoopSpec | None = None,
-                operator: str = "repeat", beta: float = 0.0, mix: float | None = None, config: TrainConfig | None = None,
-                heldout: str | Path | None = None, accelerator=None, overwrite: bool = False, progress: bool = True,
-                keep_adapters: bool = False) -> TrainResult:
+                operator: str = "repeat", beta: float = 0.0, mix: float | None = None, mix_source: str | None = None,
+                config: TrainConfig | None = None, heldout: str | Path | None = None, accelerator=None,
+                overwrite: bool = False, progress: bool = True, keep_adapters: bool = False) -> TrainResult:
     """Train the unlooped checkpoint ``base`` on the JSONL file ``data`` by
     ``config.recipe``, looped iff ``loop`` (a spec; ``operator``, ``beta`` and the fixed
-    ``mix`` logit as in ``apply_loop``), and save it with its manifest to ``out``.
+    ``mix`` logit and its ``mix_source`` as in ``apply_loop``), and save it with its
+    manifest to ``out``. The recipe sets where its loop starts (``loop-convert``: the
+    mix logit at ``mix_init``, learned), and that loop is the one trained and recorded.
 
     ``heldout`` (JSONL, no row shared with ``data``; required by ``cpt``) is measured at
     every checkpoint. ``keep_adapters`` (``convert``) also saves the unmerged adapters
@@ -70,16 +73,16 @@ def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: st
     config = config or TrainConfig()
     out = Path(out)
     _check_out(out, overwrite)
-    looped = _resolve(base, loop, operator, beta, mix)
+    looped = _resolve(base, loop, operator, beta, mix, mix_source)
     (recipe,), rows, held = _prepare(base, data, heldout, [looped], config, keep_adapters)
-    return train_one(base, rows, held, looped, out, config, recipe, accelerator=accelerator, progress=progress,
+    return train_one(base, rows, held, recipe.loop, out, config, recipe, accelerator=accelerator, progress=progress,
                      keep_adapters=keep_adapters)
 
 
 def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out: str | Path, operator: str = "repeat",
-                beta: float = 0.0, mix: float | None = None, config: TrainConfig | None = None,
-                heldout: str | Path | None = None, accelerator=None, overwrite: bool = False, progress: bool = True,
-                keep_adapters: bool = False) -> tuple[TrainResult, TrainResult]:
+                beta: float = 0.0, mix: float | None = None, mix_source: str | None = None,
+                config: TrainConfig | None = None, heldout: str | Path | None = None, accelerator=None,
+                overwrite: bool = False, progress: bool = True, keep_adapters: bool = False) -> tuple[TrainResult, TrainResult]:
     """Train the unlooped twin into ``out/twin`` and the looped model into ``out/looped``,
     each from a fresh load of ``base``, by the same recipe on the same tokenised rows
     and batches (options as in :func:`train_model`). Returns ``(twin, looped)``.
@@ -88,10 +91,10 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     out = Path(out)
     for sub in (TWIN, LOOPED):
         _check_out(out / sub, overwrite)
-    looped = _resolve(base, loop, operator, beta, mix)
+    looped = _resolve(base, loop, operator, beta, mix, mix_source)
     if looped is None:
         raise ValueError("train_twins needs a loop; train_model(..., loop=None) trains a twin alone")
     (twin_recipe, looped_recipe), rows, held = _prepare(base, data, heldout, [None, looped], config, keep_adapters)
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
     twin = train_one(base, rows, held, None, out / TWIN, config, twin_recipe, **options)
-    return twin, train_one(base, rows, held, looped, out / LOOPED, config, looped_recipe, **options)
+    return twin, train_one(base, rows, held, looped_recipe.loop, out / LOOPED, config, looped_recipe, **options)
