@@ -73,8 +73,8 @@ def test_cpt_twins_must_measure_the_same_heldout_rows():
 def test_recipes_never_pair_and_format_1_reads_as_full(tmp_path):
     convert = {**copy.deepcopy(TWIN), "recipe": "convert"}
     assert twin_mismatches(TWIN, looped_of(convert)) == ["recipe: 'full' != 'convert'"]
-    assert twin_mismatches({**TWIN, "recipe": "joint"}, {**TWIN, "recipe": "joint"}) == [
-        "recipe: 'joint' is not one of full, convert, cpt"]
+    assert twin_mismatches({**TWIN, "recipe": "distill"}, {**TWIN, "recipe": "distill"}) == [
+        "recipe: 'distill' is not one of full, convert, cpt, joint"]
     old = {k: v for k, v in TWIN.items() if k not in ("recipe", "parameters", "loop_draws", "heldout", "heldout_curve",
                                                        "checkpoints", "adapters")}
     old["format"] = "loopeval-training/1"

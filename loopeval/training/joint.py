@@ -61,7 +61,7 @@ import torch
 from loopeval.loop import (apply_loop, decoder_layers, loop_config, loop_disabled, loop_hooks_paused, remove_loop,
                            whole_layer)
 from loopeval.training.objectives import kl_and_nll_sums, nll_sum
-from loopeval.training.recipes import Forwards, Recipe
+from loopeval.training.recipes import RECIPE_CLASSES, Forwards, Recipe
 
 TEACHERS = ("frozen-original", "online", "frozen-looped")
 RECEIVERS = {"single": ("single",), "loop": ("loop",), "both": ("single", "loop")}
@@ -279,3 +279,5 @@ class Joint(Recipe):
             loss = loss + weight * ce
         return loss, terms
 
+
+RECIPE_CLASSES[Joint.name] = Joint

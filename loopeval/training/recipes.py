@@ -203,11 +203,10 @@ RECIPE_CLASSES = {cls.name: cls for cls in (Full, Convert, ContinuedPretraining)
 
 
 def make_recipe(config: TrainConfig, loop: LoopConfig | None) -> Recipe:
-    if config.recipe == "joint":
-        from loopeval.training.joint import Joint
-
-        return Joint(config, loop)
     return RECIPE_CLASSES[config.recipe](config, loop)
+
+
+from loopeval.training import joint as _joint  # noqa: E402,F401  (adds its recipe to RECIPE_CLASSES, in either import order)
 
 
 def lora_modules(base, targets: str | tuple[str, ...]) -> tuple[str, ...]:
