@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from loopeval.manifest import TWIN_RULES, read_manifest, twin_mismatches
+from loopeval.manifest import RECIPES, TWIN_RULES, read_manifest, twin_mismatches
 
 TWIN = {
     "format": "loopeval-training/2", "recipe": "full", "role": "twin", "loop": None, "loop_draws": None,
@@ -83,4 +83,4 @@ def test_recipes_never_pair_and_format_1_reads_as_full(tmp_path):
     (tmp_path / "training_manifest.json").write_text(json.dumps({**old, "format": "loopeval-training/9"}))
     with pytest.raises(ValueError, match="not a loopeval-training/2 training manifest"):
         read_manifest(tmp_path)
-    assert set(TWIN_RULES) == {"full", "convert", "cpt"}
+    assert set(TWIN_RULES) == set(RECIPES)
