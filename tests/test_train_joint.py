@@ -12,6 +12,7 @@ import torch
 from loopeval import loop_config, save_model
 from loopeval.loop import apply_loop, loop_disabled
 from loopeval.manifest import twin_mismatches
+from loopeval.report.training import costs
 from loopeval.tiny import tiny_model
 from loopeval.training import TrainConfig, batch_order, load_data, train_model, train_twins
 from loopeval.training.data import collate
@@ -175,6 +176,9 @@ def test_max_blocks_stops_each_side_at_its_own_budget_and_twins_still_match(work
     assert twin.manifest["budget"] == {"steps_run": 6, "stopped_by": "max_blocks"}
     assert len(looped.manifest["step_seconds"]) == 3 and looped.manifest["loss_curve"][-1][0] == 3
     assert twin_mismatches(twin.manifest, looped.manifest) == []
+    rows = costs([("capped", twin.manifest, looped.manifest)], [])
+    assert [(r["method"], r["steps"], r["blocks"], r["stopped_by"]) for r in rows] == [
+        ("joint (twin)", 6, 48.0, "max_blocks"), ("joint CE 0.1/0.9", 3, 42.0, "max_blocks")]
     other = dict(twin.manifest, data={**twin.manifest["data"], "sha256": "0" * 64})
     assert twin_mismatches(other, looped.manifest)
 
