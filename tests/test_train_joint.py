@@ -111,6 +111,7 @@ def test_joint_loss_reduces_to_looped_only_and_to_plain_fine_tune(work, tokenize
     for weights, reference in (((0.0, 1.0), _hf_loss(looped, batch)), ((1.0, 0.0), _hf_loss(plain, batch))):
         config = TrainConfig(**{**BASE, "single_weight": weights[0], "loop_weight": weights[1]})
         recipe = Joint(config, loop_config(looped))
+        recipe.prepare(looped)
         recipe.plan(0, None)
         loss, _ = recipe.losses(looped, batch)
         assert loss.item() / n == pytest.approx(reference.item(), rel=1e-6)

@@ -158,8 +158,8 @@ def _output(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-def two_path_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def two_path_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                    core=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(single, looped)`` logits of a looped ``model`` from one shared-prefix forward.
 
     One forward of the looped model keeps the hidden state where the paths part (the
@@ -167,12 +167,14 @@ def two_path_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     it) and every later layer's keyword inputs (masks, rotary embeddings); the single
     pass then runs layers ``f+1..N-1``, the final norm and the LM head on that state.
     Equal to ``loop_disabled`` and looped forwards run separately, gradients included
-    (tested). ``model`` is the looped model or a wrapper whose attributes reach it.
+    (tested). ``model`` is what to call (the looped model, or a wrapper such as DDP's) and
+    ``core`` the looped model itself (default ``model``).
     """
-    config = loop_config(model)
+    core = model if core is None else core
+    config = loop_config(core)
     if config is None:
         raise ValueError("two_path_logits: the model has no loop")
-    layers = decoder_layers(model)
+    layers = decoder_layers(core)
     fork = shared_sites(config.spec, len(layers)) - 1
     kept: dict = {}
 
@@ -193,11 +195,11 @@ def two_path_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
         for h in handles:
             h.remove()
     h = kept["h"]
-    with loop_hooks_paused(model):
+    with loop_hooks_paused(core):
         for j in range(fork + 1, len(layers)):
             h = whole_layer(layers[j], h, kept[j])
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    return model.get_output_embeddings()(decoder.norm(h)), looped
+    decoder = core.get_decoder() if hasattr(core, "get_decoder") else core.model
+    return core.get_output_embeddings()(decoder.norm(h)), looped
 
 
 class Joint(Recipe):
@@ -223,6 +225,7 @@ class Joint(Recipe):
         return self.stages[-1][0]
 
     def prepare(self, model):
+        self.core = model  # the looped model itself; losses() gets it wrapped (DDP does not pass attributes through)
         if self.loop is not None and self.config.teacher in ("frozen-original", "frozen-looped"):
             remove_loop(model)
             self.frozen = copy.deepcopy(model).eval().requires_grad_(False)
@@ -260,11 +263,11 @@ class Joint(Recipe):
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         if self.loop is None or stage != "joint":
             # the twin (one path), or a single- or loop-only stage
-            with loop_disabled(model) if self.loop is not None and stage == "single" else nullcontext():
+            with loop_disabled(self.core) if self.loop is not None and stage == "single" else nullcontext():
                 ce = nll_sum(model(**inputs, use_cache=False).logits, labels)
             name = "ce_single" if self.loop is None or stage == "single" else "ce_loop"
             return self._stage_weight(stage) * ce, {name: ce}
-        outputs = dict(zip(("single", "loop"), two_path_logits(model, **inputs)))
+        outputs = dict(zip(("single", "loop"), two_path_logits(model, **inputs, core=self.core)))
         teacher = self._teacher_logits(inputs, outputs["loop"]) if c.teacher else None
         receivers = RECEIVERS[c.receiver] if c.teacher else ()
         terms, loss = {}, 0.0
