@@ -313,7 +313,7 @@ def _train(args) -> int:
         print(f"{m['role']:<6}  {r.path}  {m['recipe']}: loss {loss}, {m['tokens']['input']} tokens, "
               f"{m['flops']['train']:.3g} training FLOPs, {m['blocks']['total']:g} forward blocks, "
               f"{m['train_time_s']:.1f} s training" + (f", stopped by {m['budget']['stopped_by']} after "
-                                                       f"{m['budget']['steps_run']} steps" if m['budget']['stopped_by'] else ""))
+                                                       f"{m['budget']['steps_run']} step(s)" if m['budget']['stopped_by'] else ""))
         for point in m["heldout_curve"]:
             by = ", ".join(f"{k}: {v:.4f}" for k, v in point.get("loss_by_passes", {}).items())
             print(f"        held-out loss at step {point['step']}: {point['loss']:.4f}" + (f" (by passes {by})" if by else ""))

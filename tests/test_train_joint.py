@@ -264,3 +264,19 @@ def test_a_block_cap_below_one_step_is_refused_before_weights_load(work, monkeyp
         train_twins(work / "base", work / "data.jsonl", loop=LOOP, out=work / "refused",
                     config=TrainConfig(**{**BASE, "max_blocks": 20, "teacher": "frozen-original", "receiver": "single"}),
                     overwrite=True, progress=False)
+
+
+def test_the_cli_trains_the_matched_control_of_a_kd_config(work, tmp_path, capsys):
+    from loopeval.cli import main
+
+    args = ["train", "--recipe", "joint", "--base", str(work / "base"), "--data", str(work / "data.jsonl"),
+            "--loop", LOOP, "--out", str(tmp_path), "--steps", "2", "--batch-size", "4", "--max-length", "32",
+            "--teacher", "frozen-original", "--receiver", "single", "--matched-ce", "--max-blocks", "20"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "14 forward blocks" in out and "stopped by max_blocks after 1 step(s)" in out  # no teacher: 14, not 22
+    config = json.loads((tmp_path / "looped" / "training_manifest.json").read_text())["config"]
+    assert (config["single_weight"], config["loop_weight"], config["teacher"]) == (pytest.approx(0.2), 0.9, None)
+    assert config["matched_from"] == "frozen-original/single/0.1"
+    assert main([*args[:-7], "--stages", "loop:1,distill:1", "--overwrite"]) == 2
+    assert "unknown stage 'distill'" in capsys.readouterr().err
