@@ -87,7 +87,9 @@ class Recipe:
         return nll, {}
 
     def plan(self, step: int, depth: int | None) -> Forwards:
-        """Step ``step``'s forwards (called once at its start, ``depth`` from :meth:`depth`)."""
+        """Step ``step``'s forwards, ``depth`` from :meth:`depth`. The runner plans every step
+        once, in order, after the previous step's losses (a recipe may keep the step's
+        objective from here); the preflight plans step 0 once more."""
         return Forwards((depth,))
 
     def finish(self, model: torch.nn.Module, out: Path, *, keep_adapters: bool) -> torch.nn.Module:

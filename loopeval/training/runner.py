@@ -17,6 +17,7 @@ import platform
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
@@ -53,6 +54,15 @@ class TrainResult:
 def at_depth(spec: LoopSpec, passes: int) -> LoopSpec:
     """``spec`` with every window run ``passes`` times."""
     return LoopSpec(tuple(dataclasses.replace(w, times=passes) for w in spec.windows))
+
+
+class StepCost(NamedTuple):
+    """One step's forward FLOPs and forward blocks, the student's and the teacher's."""
+
+    flops: float
+    teacher_flops: float
+    blocks: float
+    teacher_blocks: float
 
 
 class _Cost:
@@ -96,13 +106,14 @@ class _Cost:
         shared = self._shared() if forwards.shared else 0
         return sum(self.blocks(d) for d in forwards.student) - shared, sum(self.blocks(d) for d in forwards.teacher)
 
-    def step(self, lengths: np.ndarray, forwards) -> tuple[float, float, float, float]:
-        """(student FLOPs, teacher FLOPs, student blocks, teacher blocks) of one step."""
+    def step(self, lengths: np.ndarray, forwards) -> StepCost:
         flops = sum(self.flops(lengths, d) for d in forwards.student)
         if forwards.shared:
-            per = self._cost(1)[1].prefix_flops_per_token(self.positions, self._shared())
-            flops -= float(np.concatenate([[0.0], np.cumsum(per)])[lengths].sum())
-        return (flops, sum(self.flops(lengths, d) for d in forwards.teacher), *self.step_blocks(forwards))
+            if "shared" not in self.tables:
+                per = self._cost(1)[1].prefix_flops_per_token(self.positions, self._shared())
+                self.tables["shared"] = np.concatenate([[0.0], np.cumsum(per)])
+            flops -= float(self.tables["shared"][lengths].sum())
+        return StepCost(flops, sum(self.flops(lengths, d) for d in forwards.teacher), *self.step_blocks(forwards))
 
     @property
     def multiplier(self) -> float:
@@ -218,11 +229,9 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
 
     def plan(step: int):
         depth = recipe.depth(step) if loop is not None else None
-        forwards = recipe.plan(step, depth)
-        lengths = data.lengths[order[step].numpy()]
-        return depth, forwards, cost.step(lengths, forwards)
+        return depth, cost.step(data.lengths[order[step].numpy()], recipe.plan(step, depth))
 
-    depth, forwards, step_cost = plan(0)
+    depth, step_cost = plan(0)
     draws, curve, terms_curve, heldout_curve, checkpoints = [], [], {}, [], []
     window, terms_window = [], {}
     bar = tqdm(total=config.steps, desc=f"{recipe.name} {role}", unit="step",
@@ -237,10 +246,10 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         input_tokens += int(data.lengths[rows].sum())
         loss_tokens += n_targets
         draws.append(depth)
-        forward_flops += step_cost[0]
-        teacher_flops += step_cost[1]
-        step_blocks.append(step_cost[2] + step_cost[3])
-        teacher_blocks += step_cost[3]
+        forward_flops += step_cost.flops
+        teacher_flops += step_cost.teacher_flops
+        step_blocks.append(step_cost.blocks + step_cost.teacher_blocks)
+        teacher_blocks += step_cost.teacher_blocks
 
         mine = rows[rank::world]
         size = config.micro_batch_size or len(mine)
@@ -267,8 +276,8 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         step_seconds.append(time.perf_counter() - step_started)
         if step + 1 < config.steps:
             next_plan = plan(step + 1)  # the recipe plans its steps once each, in order
-            stopped_by = _budget_stop(config, sum(step_blocks) + next_plan[2][2] + next_plan[2][3],
-                                      sum(step_seconds), accelerator)
+            following = next_plan[1].blocks + next_plan[1].teacher_blocks
+            stopped_by = _budget_stop(config, sum(step_blocks) + following, sum(step_seconds), accelerator)
 
         window.append(accelerator.reduce(step_loss, "sum") / n_targets)
         for name, value in step_terms.items():
@@ -301,7 +310,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         bar.update()
         if last:
             break
-        depth, forwards, step_cost = next_plan
+        depth, step_cost = next_plan
     train_time = time.perf_counter() - started - eval_time  # the last .item() waited for the device
     bar.close()
 
