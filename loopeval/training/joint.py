@@ -4,24 +4,26 @@ on its single pass and its looped output at once, with optional distillation.
 002: "A pretrained model can be adapted to support both single-pass and looped inference
 by reusing middle-layer weights for additional computation. ... We study joint training
 strategies using weighted losses on both outputs, with guidance from the frozen original
-model." Its methods, and how they are written here:
+model." Its methods (Fig. 1: "Joint CE uses labels on both paths, Matched CE increases
+the single-pass label weight, and Online KD adds a teacher signal using the current
+looped output"), and how they are written here:
 
-* **Joint CE** ("Joint CE uses labels on both paths"): ``single_weight * CE_single +
-  loop_weight * CE_loop``. Defaults 0.1 and 0.9, the fixed coefficients of 002 Table 34
-  (the KD run whose single-receiver matched control is "(0.2, 0.9)" has label weights
-  (0.1, 0.9) and "total KL weight 0.1").
-* **Distillation**: ``teacher`` is ``frozen-original`` ("the frozen original single-pass
-  model", "Frozen-original KD"), ``online`` ("the current looped output" with
-  stop-gradient, "Online KD") or ``frozen-looped`` ("a frozen initial looped model");
-  ``receiver`` is ``single``, ``loop`` or ``both``. The term is ``kd_weight *
-  KL(teacher || receiver)``, split evenly over the receivers (Table 34: "Guidance to both
-  outputs splits the weight into 0.05 per output"); both label losses stay on ("both
-  label losses remain active"). The online teacher *is* the looped output, so it can
-  only guide the single pass.
-* **Matched CE** (:func:`matched_ce`): the control of a KD config, "which raises the
-  single-pass label weight by the same total": each receiver's share of ``kd_weight``
-  moves to its own label weight and the teacher goes (Table 34's controls: single
-  receiver (0.2, 0.9), looped (0.1, 1.0), both (0.15, 0.95)).
+* **Joint CE**: ``single_weight * CE_single + loop_weight * CE_loop``. Defaults 0.1 and
+  0.9, the fixed coefficients of Table 34 ("Every condition uses the frozen original
+  single-pass teacher and total KL weight 0.1"; its single-receiver matched control is
+  "(0.2, 0.9)", so the label weights are (0.1, 0.9)).
+* **Distillation**: ``teacher`` is ``frozen-original`` ("Frozen-original KD", "the frozen
+  original single-pass teacher"), ``online`` (the "current online looped target", with
+  stop-gradient) or ``frozen-looped`` (the "Frozen initial looped output"; "frozen
+  methods use the corresponding initial predictors"); ``receiver`` is ``single``,
+  ``loop`` or ``both``. The term is ``kd_weight * KL(teacher || receiver)``, split evenly
+  over the receivers (Table 34: "Guidance to both outputs splits the weight into 0.05 per
+  output"); "both label losses remain active" (Fig. 4). The online teacher *is* the
+  looped output, so it can only guide the single pass.
+* **Matched CE** (:func:`matched_ce`): the control of a KD config. Each receiver's share
+  of ``kd_weight`` moves to its own label weight and the teacher goes; Table 34's
+  controls "(L_s, L_c)" are (0.2, 0.9) for the single receiver, (0.1, 1.0) for the
+  looped output and (0.15, 0.95) for both.
 * **Staged schedules** (``stages``, :func:`parse_stages`): ``loop:2048,joint:877`` runs
   loop-only updates (CE on the looped output alone, 002's "Loop-only"), then the joint
   objective, with one optimiser throughout ("Learning rates and optimizer states are
@@ -30,12 +32,14 @@ model." Its methods, and how they are written here:
 
 **The shared prefix.** The looped path's first pass through its first window *is* the
 single pass's, so the two paths agree up to the end of that window's first pass and are
-computed once there (:func:`two_path_logits`); only the rest runs twice. 002 counts
-budgets "in forward blocks, including teacher computation and a shared prefix that is
-computed once": its 8-block model looped over blocks 2-5 costs 8 blocks per ordinary
-update, 12 per loop-only update, 14 per joint update (6 shared + 2 + 6), 22 with the
-frozen single-pass teacher and 26 with the frozen looped one, which is how 40,960
-blocks give its "5120", "3413", "2925", "1,861" and "1,575" updates.
+computed once there (:func:`two_path_logits`); only the rest runs twice. 002's budgets
+count forward blocks "including teacher computation" (Table 20: "at the 40,960-block
+cap including teacher computation") and time "including teacher forward passes, target
+construction, and reused prefixes" (Table 21). Its 8-block model looped over blocks 2-5
+costs 8 blocks per ordinary update, 12 per loop-only update, 14 per joint update (6
+shared + 2 + 6), 22 with the frozen single-pass teacher and 26 with the frozen looped
+one: 40,960 blocks give its 5120, 3413 and 2925 updates (Table 1) and "1,575 and 1,861
+student updates" for the frozen teachers (Table 20).
 
 **Frozen teachers** are one frozen copy of the initial weights (the looped model starts
 from its unlooped base, so the same copy is the original single pass with the loop
@@ -127,8 +131,8 @@ def check_joint(config) -> None:
 
 
 def matched_ce(config):
-    """The coefficient-matched CE control of a KD ``config`` (002: "a coefficient-matched
-    CE control, which raises the single-pass label weight by the same total"): no
+    """The coefficient-matched CE control of a KD ``config`` (002, Fig. 1: "Matched CE
+    increases the single-pass label weight"; Table 34 gives each receiver's control): no
     teacher, and each receiver's share of ``kd_weight`` added to its own label weight, so
     the total label weight equals the KD run's total weight (``kd_weight`` stays as it
     was and is unused). ``matched_from`` records the KD config it matches
