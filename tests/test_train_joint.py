@@ -57,19 +57,23 @@ def _batch(tokenizer, arch="qwen3"):
 # -- the shared-prefix forward ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch,loop,options", [
-    ("qwen3", "2:6x2", {}),
-    ("llama", "1:3x2+4:6x3", {"operator": "damped", "beta": 0.25, "mix": 1.0}),
-    ("qwen3_5", "0:4x2+0:1x3/mlp", {}),
+@pytest.mark.parametrize("arch,loop,options,checkpointing", [
+    ("qwen3", "2:6x2", {}, False),
+    ("llama", "1:3x2+4:6x3", {"operator": "damped", "beta": 0.25, "mix": 1.0}, False),
+    ("llama", "1:3x2+4:6x3", {}, True),
+    ("qwen3_5", "0:4x2+0:1x3/mlp", {}, False),
 ])
-def test_shared_prefix_forward_equals_two_separate_forwards(tokenizer, arch, loop, options):
+def test_shared_prefix_forward_equals_two_separate_forwards(tokenizer, arch, loop, options, checkpointing):
     """Logits (atol 1e-5) and the gradients of both losses against a loop_disabled forward
-    and a looped forward run separately, on a right-padded batch."""
+    and a looped forward run separately, on a right-padded batch (the shared forward also
+    under activation checkpointing, whose backward re-runs the layers)."""
     ids, mask = _batch(tokenizer)
     labels = ids.masked_fill(mask == 0, -100)
     grads = []
     for shared in (True, False):
         model = apply_loop(tiny_model(arch, vocab_size=len(tokenizer), num_layers=6), loop, **options)
+        if checkpointing and shared:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
         model.train()
         if shared:
             single, looped = two_path_logits(model, ids, mask)
