@@ -284,3 +284,23 @@ def test_the_cli_trains_the_matched_control_of_a_kd_config(work, tmp_path, capsy
     assert config["matched_from"] == "frozen-original/single/0.1"
     assert main([*args[:-7], "--stages", "loop:1,distill:1", "--overwrite"]) == 2
     assert "unknown stage 'distill'" in capsys.readouterr().err
+
+
+def test_a_finished_joint_recipe_holds_neither_its_model_nor_its_teacher(work, tokenizer):
+    """train_twins keeps the twin's recipe while the looped model trains: a finished joint
+    recipe must not keep the twin (or a frozen teacher) in memory."""
+    import gc
+
+    from transformers import PreTrainedModel
+
+    from loopeval.loop import resolve_loop
+    from loopeval.training.recipes import make_recipe
+    from loopeval.training.runner import train_one
+
+    config = TrainConfig(**{**BASE, "steps": 1, "teacher": "frozen-looped", "receiver": "loop"})
+    loop = resolve_loop(work / "base", LOOP)
+    recipe = make_recipe(config, loop)
+    train_one(work / "base", load_data(work / "data.jsonl", tokenizer, max_length=32), None, loop, work / "alive", config,
+              recipe, progress=False)
+    gc.collect()
+    assert not any(isinstance(o, PreTrainedModel) for o in gc.get_objects())

@@ -237,6 +237,10 @@ class Joint(Recipe):
             apply_loop(model, self.loop)
         return model
 
+    def finish(self, model, out, *, keep_adapters):
+        self.core = self.frozen = None  # the caller may keep the recipe while the other twin trains
+        return model
+
     def _stage_weight(self, stage: str) -> float:
         c = self.config
         if stage != "joint":
