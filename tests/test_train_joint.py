@@ -20,16 +20,9 @@ from loopeval.training.joint import matched_ce, parse_stages, two_path_logits
 
 LETTERS = string.ascii_lowercase[:10]
 LOOP = "2:6x2"  # 002's shape: 8 blocks, blocks 2-5 repeated
+pytestmark = pytest.mark.usefixtures("one_thread")
 BASE = dict(recipe="joint", steps=4, batch_size=4, lr=1e-2, max_length=32, log_every=1, grad_clip=0.0,
             min_lr_ratio=1.0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
