@@ -191,12 +191,13 @@ def _power(args) -> int:
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train an unlooped twin and a looped model identically (full, convert, cpt or loop-convert)",
+        help="train an unlooped twin and a looped model identically (full, convert, cpt, joint or loop-convert)",
         description=(
             "Train BASE twice by one recipe on the same JSONL rows, batches, order, seeds and steps: without the "
             "loop into OUT/twin and with it into OUT/looped (or one of them with --only, for separate jobs). "
             "Recipes: full (full fine-tune), convert (LoRA through the loop, KL to the unmodified model, "
             "merged at the end), cpt (continued pretraining on packed text, held-out loss per pass count), "
+            "joint (the single pass and the looped output of one model, optional distillation; paper 002). "
             "loop-convert (paper 004: a whole-decoder loop with a learned mix logit and an exit gate, smoothed exit loss). "
             "Each folder is a checkpoint with training_manifest.json. Options left out take TrainConfig's "
             "defaults (docs/training.md). Data-parallel: accelerate launch -m loopeval train ..."
@@ -240,6 +241,14 @@ def _add_train(sub) -> None:
         ("--nll-weight", float, "convert: weight of the NLL (default 0.1)"),
         ("--curriculum", float, "convert: fraction of steps over which p(loop) rises 0 -> 1 (default 1/3)"),
         ("--passes", _passes, "cpt: random depth, every window's passes drawn per batch from a range, e.g. 1-3"),
+        ("--single-weight", float, "joint: label weight of the single pass (default 0.1)"),
+        ("--loop-weight", float, "joint: label weight of the looped output (default 0.9)"),
+        ("--teacher", str, "joint: KD teacher frozen-original, online or frozen-looped (needs --receiver)"),
+        ("--receiver", str, "joint: the output(s) the teacher guides: single, loop or both"),
+        ("--kd-weight", float, "joint: KL weight, split evenly over the receivers (default 0.1)"),
+        ("--stages", _stages, "joint: staged objectives NAME:STEPS,... (loop, single, joint) adding up to --steps"),
+        ("--max-blocks", float, "stop before a step would pass this many forward blocks (teacher included)"),
+        ("--max-seconds", float, "stop once the training steps have taken this many seconds"),
         ("--exit-beta", float, "loop-convert: entropy coefficient beta of the exit loss (default 0.15, paper 004)"),
         ("--exit-smoothing", float, "loop-convert: epsilon mixing the exit distribution with uniform in the LM loss (default 0.05)"),
         ("--mix-init", float, "loop-convert: initial mix logit a, w = sigmoid(a) (default 4.6, w = 0.99)"),
@@ -247,6 +256,8 @@ def _add_train(sub) -> None:
         ("--collapse-patience", int, "loop-convert: consecutive collapsed steps before a warning (default 50)"),
     ]:
         config.add_argument(flag, type=type_, default=argparse.SUPPRESS, help=help_)
+    config.add_argument("--matched-ce", action="store_true",
+                        help="joint: train the coefficient-matched CE control of the KD config given (no teacher)")
     config.add_argument("--activation-checkpointing", action="store_true", default=argparse.SUPPRESS,
                         help="recompute layer activations in the backward pass to save memory")
     p.set_defaults(func=_train)
@@ -257,6 +268,15 @@ def _passes(text: str) -> tuple[int, int]:
 
     try:
         return parse_passes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _stages(text: str):
+    from loopeval.training.joint import parse_stages
+
+    try:
+        return parse_stages(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -281,6 +301,10 @@ def _train(args) -> int:
     if args.loop is None and args.only != TWIN:
         raise ValueError("--loop is required unless --only twin")
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
+    if args.matched_ce:
+        from loopeval.training.joint import matched_ce
+
+        config = matched_ce(config)
     loop = dict(operator=args.operator, beta=args.beta, mix=args.mix, mix_source=args.mix_source)
     common = dict(config=config, overwrite=args.overwrite, heldout=args.heldout, keep_adapters=args.keep_adapters)
     out = Path(args.out)
@@ -296,7 +320,9 @@ def _train(args) -> int:
         m = r.manifest
         loss = " -> ".join(f"{x:.4f}" for _, x in (m["loss_curve"][0], m["loss_curve"][-1])[:len(m["loss_curve"])])
         print(f"{m['role']:<6}  {r.path}  {m['recipe']}: loss {loss}, {m['tokens']['input']} tokens, "
-              f"{m['flops']['train']:.3g} training FLOPs, {m['train_time_s']:.1f} s training")
+              f"{m['flops']['train']:.3g} training FLOPs, {m['blocks']['total']:g} forward blocks, "
+              f"{m['train_time_s']:.1f} s training" + (f", stopped by {m['budget']['stopped_by']} after "
+                                                       f"{m['budget']['steps_run']} step(s)" if m['budget']['stopped_by'] else ""))
         if m.get("exit"):
             from loopeval.exit_monitor import collapse_notes
 

@@ -109,6 +109,12 @@ class LoopCost:
         out = self._flops(self._base_sites(), context_length)
         return float(out) if out.ndim == 0 else out
 
+    def prefix_flops_per_token(self, context_length, layers: int) -> float | np.ndarray:
+        """Forward FLOPs of one token through the first ``layers`` layers only (their first
+        pass, no LM head): what two forwards that share that prefix compute once."""
+        out = self._flops(self._base_sites()[:layers], context_length) - 2.0 * self.head_params
+        return float(out) if out.ndim == 0 else out
+
     def generation_flops(self, prompt_tokens: int, generated_tokens: int, *, looped: bool = True) -> float:
         """Forward FLOPs of one cached generation: the prompt's P positions and the
         first G - 1 generated tokens go through every call site (position t attends to

@@ -475,6 +475,22 @@ def loop_disabled(model: nn.Module):
     return loop_passes(model, 1)
 
 
+@contextmanager
+def loop_hooks_paused(model: nn.Module):
+    """Layers called by hand inside the block (outside a decoder forward, on hidden states
+    kept from one) run as the base model's layers: the loop's hooks do nothing. For
+    running the unlooped rest of a forward from a kept state (``loopeval.training.joint``)."""
+    runtime = getattr(model, "_loopeval", None)
+    if runtime is None:
+        yield model
+        return
+    previous, runtime.replaying = runtime.replaying, True
+    try:
+        yield model
+    finally:
+        runtime.replaying = previous
+
+
 # -- the operators ------------------------------------------------------------------
 
 

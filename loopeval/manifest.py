@@ -16,10 +16,11 @@ MANIFEST_NAME = "training_manifest.json"
 MANIFEST_FORMAT = "loopeval-training/2"
 _READABLE = (MANIFEST_FORMAT, "loopeval-training/1")  # format 1: full fine-tunes before recipes existed
 
-RECIPES = ("full", "convert", "cpt", "loop-convert")
+RECIPES = ("full", "convert", "cpt", "joint", "loop-convert")
 """Training recipes (paper A.3): full fine-tuning, LoRA conversion through the loop,
-and continued pretraining through the loop; and paper 004's dense-to-loop conversion
-(learned input mixing and a smoothed exit loss)."""
+and continued pretraining through the loop; ``joint`` (companion paper 002): the single
+pass and the looped output of one model at once; ``loop-convert`` (companion paper
+004): dense-to-loop conversion with learned input mixing and a smoothed exit loss."""
 
 
 @dataclass(frozen=True)
@@ -30,15 +31,19 @@ class TwinRule:
     weights it leads to) and where and when training ran (paths are covered by hashes).
     ``must_share``: evidence both twins must carry, equal (missing from both is a
     mismatch too). Every other field must be equal where either manifest has it.
+    ``capped``: fields that may also differ, and need not be shared, when a budget cap
+    (``max_blocks``, ``max_seconds``) stopped either side early: then the sides ran
+    different numbers of steps of the same batch stream (equal budgets, not equal steps).
     """
 
     may_differ: tuple[str, ...]
     must_share: tuple[str, ...]
+    capped: tuple[str, ...] = ("budget", "batches_sha256", "tokens")
 
 
-_LOOP = ("role", "loop", "flops")
+_LOOP = ("role", "loop", "flops", "blocks")
 _RESULTS = ("loss_curve", "heldout_curve", "final_weights_sha256")
-_RUN = ("base", "data.path", "heldout.path", "train_time_s", "finished_at", "checkpoints", "adapters")
+_RUN = ("base", "data.path", "heldout.path", "train_time_s", "step_seconds", "finished_at", "checkpoints", "adapters")
 _SHARED = ("base_weights_sha256", "data.sha256", "batches_sha256", "tokens")
 
 TWIN_RULES = {
@@ -48,6 +53,9 @@ TWIN_RULES = {
                         _SHARED + ("lora.init_sha256", "lora.modules", "parameters")),
     # random depth draws the loop's passes per batch; both twins measure the same held-out rows
     "cpt": TwinRule(_LOOP + ("loop_draws",) + _RESULTS + _RUN, _SHARED + ("heldout.sha256",)),
+    # the twin is ordinary single-pass CE at the same total weight (loopeval.training.joint); the looped
+    # side's terms are per path
+    "joint": TwinRule(_LOOP + ("loss_terms",) + _RESULTS + _RUN, _SHARED),
     # 004's twin: "Qwen3-1.7B-Base continued on exactly the same data for the same number of
     # steps" (the same recipe without the loop, i.e. on the plain NLL). The loop adds the exit
     # gate and the mix logit (parameters.added), its exit distribution and its loss terms.
@@ -109,14 +117,15 @@ def twin_mismatches(a: dict, b: dict) -> list[str]:
     if recipe_a not in TWIN_RULES:
         return [f"recipe: {recipe_a!r} is not one of {', '.join(RECIPES)}"]
     rule = TWIN_RULES[recipe_a]
+    capped = tuple(rule.capped) if any((m.get("budget") or {}).get("stopped_by") for m in (a, b)) else ()
     fa, fb = _flatten(a), _flatten(b)
     # evidence missing from one side shows below as "<missing>"; missing from both, here
     lines = [f"{field}: missing from both manifests" for field in rule.must_share
-             if not any(_under(k, (field,)) for k in fa.keys() | fb.keys())]
+             if field not in capped and not any(_under(k, (field,)) for k in fa.keys() | fb.keys())]
     missing = "<missing>"
     reported: tuple[str, ...] = ()
     for key in sorted(fa.keys() | fb.keys()):
-        if _under(key, rule.may_differ + reported):  # a field already reported whole (a value against an object)
+        if _under(key, rule.may_differ + capped + reported):  # a field already reported whole (a value against an object)
             continue
         va, vb = fa.get(key, missing), fb.get(key, missing)
         if va != vb:

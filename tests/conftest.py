@@ -14,6 +14,18 @@ def tokenizer():
     return tiny_tokenizer()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: tiny models on the shared 2-core machine run
+    far slower with two (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def make_runs():
     """``tests/fixtures/runs/make_runs.py`` as a module: ``make_runs.make_run(...)`` runs lm-eval

@@ -372,7 +372,9 @@ def test_the_training_section_draws_the_exchange_rate(runs, tmp_path):
             "format": "loopeval-training/2", "recipe": "cpt", "role": role,
             "loop": {"loop": "1:3x2"} if role == "looped" else None, "heldout_curve": points,
             "tokens": {"input": tokens[-1]}, "flops": {"train": tokens[-1], "multiplier": 1.25 if role == "looped" else 1},
-            "train_time_s": tokens[-1]}))
+            "train_time_s": tokens[-1], "blocks": {"total": 8.0 * 10 * factor, "teacher": 0.0, "per_step": [8.0 * factor] * 10},
+            "step_seconds": [0.5 * factor] * 10, "budget": {"steps_run": 10, "stopped_by": None},
+            "final_weights_sha256": role}))
     with pytest.warns(UserWarning):
         data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), n_resamples=300,
                             training_pairs=[(tmp_path / "twin", tmp_path / "looped")])
@@ -381,5 +383,8 @@ def test_the_training_section_draws_the_exchange_rate(runs, tmp_path):
     assert rates == pytest.approx([1.5] * (len(tokens) - 1))  # the last point lies past the twin's curve
     out = write_report(data, tmp_path / "r.html")
     assert (tmp_path / "r_training.pdf").stat().st_size > 0 and 'id="figure-training"' in out.read_text()
+    assert [(c["method"], c["blocks"], c["blocks_per_step"], c["seconds_per_step"]) for c in data.training_costs] == [
+        ("cpt (twin)", 80.0, 8.0, 0.5), ("cpt", 120.0, 12.0, 0.75)]
+    assert 'id="table-training-cost"' in out.read_text()
     with pytest.raises(ValueError, match="give the twin's checkpoint first"):
         build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), training_pairs=[(tmp_path / "looped", tmp_path / "twin")])

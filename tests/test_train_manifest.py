@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from loopeval.manifest import TWIN_RULES, read_manifest, twin_mismatches
+from loopeval.manifest import RECIPES, TWIN_RULES, read_manifest, twin_mismatches
 
 TWIN = {
     "format": "loopeval-training/2", "recipe": "full", "role": "twin", "loop": None, "loop_draws": None,
@@ -73,8 +73,8 @@ def test_cpt_twins_must_measure_the_same_heldout_rows():
 def test_recipes_never_pair_and_format_1_reads_as_full(tmp_path):
     convert = {**copy.deepcopy(TWIN), "recipe": "convert"}
     assert twin_mismatches(TWIN, looped_of(convert)) == ["recipe: 'full' != 'convert'"]
-    assert twin_mismatches({**TWIN, "recipe": "unknown"}, {**TWIN, "recipe": "unknown"}) == [
-        "recipe: 'unknown' is not one of full, convert, cpt, loop-convert"]
+    assert twin_mismatches({**TWIN, "recipe": "distill"}, {**TWIN, "recipe": "distill"}) == [
+        "recipe: 'distill' is not one of full, convert, cpt, joint, loop-convert"]
     old = {k: v for k, v in TWIN.items() if k not in ("recipe", "parameters", "loop_draws", "heldout", "heldout_curve",
                                                        "checkpoints", "adapters")}
     old["format"] = "loopeval-training/1"
@@ -83,4 +83,4 @@ def test_recipes_never_pair_and_format_1_reads_as_full(tmp_path):
     (tmp_path / "training_manifest.json").write_text(json.dumps({**old, "format": "loopeval-training/9"}))
     with pytest.raises(ValueError, match="not a loopeval-training/2 training manifest"):
         read_manifest(tmp_path)
-    assert set(TWIN_RULES) == {"full", "convert", "cpt", "loop-convert"}
+    assert set(TWIN_RULES) == set(RECIPES)

@@ -108,6 +108,7 @@ def build_report(
         ],
         ceiling=ceiling,
         training=training.section(trained),
+        training_costs=training.costs(trained, evals),
         strict=strict,
         notes=[f"{c.label}, {row.task or 'macro'}: {w}" for c in conditions
                for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings]

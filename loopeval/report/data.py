@@ -36,6 +36,7 @@ class ReportData:
     runs: list[dict]
     ceiling: Ceiling | None = None
     training: list[dict] = field(default_factory=list)  # report.training.section: Fig. 3 and 5 per twin pair
+    training_costs: list[dict] = field(default_factory=list)  # report.training.costs: blocks and seconds per method
     strict: bool = False
     notes: list[str] = field(default_factory=list)
 

@@ -1,7 +1,8 @@
 """The report's training section: held-out loss of twin and looped model against training
 tokens (the paper's Fig. 3) and the token exchange rate r(D) (Fig. 5), from training
-manifests with held-out curves. It reads manifests only (``loopeval.exchange``), never
-training code."""
+manifests with held-out curves, and the training cost of every method (forward blocks
+and seconds) where manifests record it. It reads manifests only (``loopeval.exchange``,
+``loopeval.manifest``), never training code."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from loopeval.exchange import training_curves
 from loopeval.exit_monitor import collapse_notes
-from loopeval.manifest import read_manifest
+from loopeval.manifest import manifest_recipe, read_manifest
 from loopeval.report.evaluations import Evaluation
 
 
@@ -43,6 +44,44 @@ def pairs_from_paths(paths: list[tuple[str | Path, str | Path]]) -> list[tuple[s
 def section(pairs: list[tuple[str, dict, dict]]) -> list[dict]:
     """Plot-ready curves of each pair (``exchange.TrainingCurves.to_dict()``) with its label."""
     return [{"label": label, **training_curves(twin, looped).to_dict()} for label, twin, looped in pairs]
+
+
+def method(manifest: dict) -> str:
+    """A training manifest's method in words: its recipe and, for ``joint``, its weights,
+    teacher and receiver, matched-CE origin and stages."""
+    recipe = manifest_recipe(manifest)
+    config = manifest.get("config", {})
+    if recipe != "joint" or manifest.get("loop") is None:
+        return recipe if manifest.get("loop") is not None else f"{recipe} (twin)"
+    words = [f"joint CE {config['single_weight']:g}/{config['loop_weight']:g}"]
+    if config.get("teacher"):
+        words.append(f"KD {config['teacher']} -> {config['receiver']} ({config['kd_weight']:g})")
+    if config.get("matched_from"):
+        words.append(f"matched CE of {config['matched_from']}")
+    if config.get("stages"):
+        words.append("stages " + ",".join(f"{name}:{steps}" for name, steps in config["stages"]))
+    return ", ".join(words)
+
+
+def costs(pairs: list[tuple[str, dict, dict]], evals: list[Evaluation]) -> list[dict]:
+    """One row per trained model whose manifest records forward blocks: its method,
+    steps run, forward blocks (teacher included, a shared prefix once) and training
+    seconds, in total and per step, and the cap that stopped it (002 compares methods
+    at equal blocks and at equal time). Models are told apart by their final weights."""
+    named = [(f"{label}: {side}", m) for label, twin, looped in pairs for side, m in (("twin", twin), ("looped", looped))]
+    named += [(e.where.name, e.manifest) for e in evals if e.manifest]
+    rows, seen = [], set()
+    for name, m in named:
+        key = m.get("final_weights_sha256") or id(m)
+        if "blocks" not in m or key in seen:
+            continue
+        seen.add(key)
+        steps = m["budget"]["steps_run"]
+        rows.append({"model": name, "method": method(m), "steps": steps, "blocks": m["blocks"]["total"],
+                     "teacher_blocks": m["blocks"]["teacher"], "blocks_per_step": m["blocks"]["total"] / steps,
+                     "seconds": m["train_time_s"], "seconds_per_step": sum(m["step_seconds"]) / steps,
+                     "stopped_by": m["budget"]["stopped_by"]})
+    return rows
 
 
 def undecontaminated(evals: list[Evaluation]) -> list[str]:

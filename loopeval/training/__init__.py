@@ -1,11 +1,12 @@
-"""Training that feeds checkpoints in: twins by three recipes (paper A.3), decontamination
-(A.4) and the token exchange rate (C.2).
+"""Training that feeds checkpoints in: twins by three recipes (paper A.3) and the joint
+recipe (companion paper 002), decontamination (A.4) and the token exchange rate (C.2).
 
 * :mod:`~loopeval.training.config`: ``TrainConfig`` (recipe name and options);
 * :mod:`~loopeval.training.data`: tokenising, packing, batch order, held-out separation;
 * :mod:`~loopeval.training.decontamination`: n-gram decontamination against lm-eval tasks;
 * :mod:`~loopeval.training.objectives`: NLL and KL to a teacher;
 * :mod:`~loopeval.training.recipes`: ``full``, ``convert`` and ``cpt``;
+* :mod:`~loopeval.training.joint`: ``joint`` (companion paper 002), its shared-prefix forward and matched-CE control;
 * :mod:`~loopeval.training.runner`: the step loop under ``accelerate``;
 * :mod:`~loopeval.training.twins`: ``train_model`` and ``train_twins``.
 

@@ -20,12 +20,14 @@ RECIPE_DEFAULTS = {
     "convert": {"lr": 1e-4, "min_lr_ratio": 0.1},
     # Paper A.3: "The learning rate is constant after warm-up, so checkpoints lie on one trajectory."
     "cpt": {"lr": 1e-5, "min_lr_ratio": 1.0},
+    "joint": {"lr": 1e-5, "min_lr_ratio": 0.1},
     "loop-convert": {"lr": 1e-5, "min_lr_ratio": 0.1},
 }
 
 RECIPE_FIELDS = {
     "convert": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "kl_weight", "nll_weight", "curriculum"),
     "cpt": ("passes",),
+    "joint": ("single_weight", "loop_weight", "teacher", "receiver", "kd_weight", "stages", "matched_from"),
     "loop-convert": ("exit_beta", "exit_smoothing", "mix_init", "collapse_threshold", "collapse_patience"),
 }
 
@@ -72,6 +74,16 @@ class TrainConfig:
     exit_smoothing`` ("we additionally smooth the exit-weighted LM loss with eps =
     0.05"). The gate-collapse monitor warns when ``p_0 > collapse_threshold`` for more
     than ``collapse_patience`` consecutive steps (:mod:`loopeval.exit_monitor`).
+
+    ``joint`` (companion paper 002, "One Model, Two Paths"): the single pass and the
+    looped output of one model, ``single_weight * CE_single + loop_weight * CE_loop``
+    plus, with a ``teacher``, ``kd_weight`` split evenly over the ``receiver`` paths;
+    ``stages`` and ``matched_from``: see :mod:`loopeval.training.joint`.
+
+    Every recipe: ``max_blocks`` caps the forward blocks (layer passes of every forward
+    of a step, teacher included, a shared prefix once) and ``max_seconds`` the training
+    time; training stops at the first cap reached, before ``steps`` (the learning-rate
+    schedule still spans ``steps``).
     """
 
     recipe: str = "full"
@@ -101,6 +113,17 @@ class TrainConfig:
     curriculum: float = 1 / 3
     # cpt
     passes: tuple[int, int] | None = None
+    # joint (loopeval.training.joint; 002 Table 34: "Matched CE (L_s, L_c) ... (0.2, 0.9)" with KL weight 0.1 on the single pass)
+    single_weight: float = 0.1
+    loop_weight: float = 0.9
+    teacher: str | None = None
+    receiver: str | None = None
+    kd_weight: float = 0.1
+    stages: tuple[tuple[str, int], ...] | None = None
+    matched_from: str | None = None
+    # every recipe: budget caps
+    max_blocks: float | None = None
+    max_seconds: float | None = None
     # loop-convert
     exit_beta: float = 0.15
     exit_smoothing: float = 0.05
@@ -127,6 +150,8 @@ class TrainConfig:
             object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         if isinstance(self.passes, list):
             object.__setattr__(self, "passes", tuple(self.passes))
+        if self.stages is not None and not isinstance(self.stages, str):
+            object.__setattr__(self, "stages", tuple(tuple(s) for s in self.stages))
 
         need(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
         need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
@@ -167,6 +192,14 @@ class TrainConfig:
                  f"passes must be a range (lo, hi) of integers, got {self.passes!r}")
             need(self.passes[0] >= 1, f"passes range {format_passes(self.passes)} starts below 1: a window runs at least once")
             need(self.passes[0] <= self.passes[1], f"passes range {format_passes(self.passes)} is empty (lo > hi)")
+        for name in ("max_blocks", "max_seconds"):
+            value = getattr(self, name)
+            need(value is None or (not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0),
+                 f"{name} must be > 0 or None (no cap), got {value!r}")
+        if self.recipe == "joint":
+            from loopeval.training.joint import check_joint
+
+            check_joint(self)
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based)."""

@@ -3,7 +3,8 @@
 A recipe is named by ``TrainConfig.recipe`` and carries no state of its own beyond the
 run it serves. The runner (:mod:`loopeval.training.runner`) asks it, in order:
 ``preflight`` (before any weights load), ``prepare`` (the trainable module),
-``depth`` (the loop's passes at a step; ``None``: the loop's own), ``losses`` (a
+``depth`` (the loop's passes at a step; ``None``: the loop's own), ``plan`` (the
+step's forwards, which its FLOPs and blocks are counted from), ``losses`` (a
 micro-batch's summed objective and its terms), ``finish`` (the model to save) and
 ``record`` (its manifest fields).
 
@@ -11,6 +12,8 @@ micro-batch's summed objective and its terms), ``finish`` (the model to save) an
 * ``convert``: LoRA through the loop with a KL to the unmodified model, a recurrence
   curriculum, and the adapters merged at the end.
 * ``cpt``: continued pretraining on packed text, optionally at a random depth per batch.
+* ``joint`` (:mod:`loopeval.training.joint`): the single pass and the looped output of one
+  model, with optional distillation and staged objectives.
 * ``loop-convert`` (paper 004): every weight trains through a whole-decoder loop with a
   learned mix logit and an exit gate, on the smoothed exit loss; the twin is the same
   data and steps on the plain NLL.
@@ -19,6 +22,7 @@ micro-batch's summed objective and its terms), ``finish`` (the model to save) an
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +48,18 @@ def loop_draw(seed: int, step: int, stream: int) -> np.random.Generator:
     """The random generator of one step's loop draw: a function of the seed and the step
     only, so every process draws the same and a draw does not depend on earlier ones."""
     return np.random.default_rng([seed, stream, step])
+
+
+@dataclass(frozen=True)
+class Forwards:
+    """The forwards of one training step, for counting its cost the same way on both
+    sides: the ``student``'s and the ``teacher``'s depths (``None``: the loop's own, ``1``:
+    unlooped). ``shared``: the student's two forwards (single pass and looped) are
+    computed together, their common prefix once (:func:`loopeval.training.joint.shared_sites`)."""
+
+    student: tuple[int | None, ...] = (None,)
+    teacher: tuple[int | None, ...] = ()
+    shared: bool = False
 
 
 class Recipe:
@@ -73,9 +89,11 @@ class Recipe:
                       batch["labels"])
         return nll, {}
 
-    def teacher_forwards(self) -> int:
-        """Extra forward passes of the unmodified model per training forward."""
-        return 0
+    def plan(self, step: int, depth: int | None) -> Forwards:
+        """Step ``step``'s forwards, ``depth`` from :meth:`depth`. The runner plans every step
+        once, in order, after the previous step's losses (a recipe may keep the step's
+        objective from here); the preflight plans step 0 once more."""
+        return Forwards((depth,))
 
     def finish(self, model: torch.nn.Module, out: Path, *, keep_adapters: bool) -> torch.nn.Module:
         return model
@@ -157,8 +175,8 @@ class Convert(Recipe):
         kl, nll = kl_and_nll_sums(teacher, model(**inputs).logits, batch["labels"])
         return self.config.kl_weight * kl + self.config.nll_weight * nll, {"kl": kl, "nll": nll}
 
-    def teacher_forwards(self) -> int:
-        return 1
+    def plan(self, step, depth):
+        return Forwards((depth,), (1,))
 
     def finish(self, model, out, *, keep_adapters):
         if keep_adapters:
@@ -286,6 +304,9 @@ RECIPE_CLASSES = {cls.name: cls for cls in (Full, Convert, ContinuedPretraining,
 
 def make_recipe(config: TrainConfig, loop: LoopConfig | None) -> Recipe:
     return RECIPE_CLASSES[config.recipe](config, loop)
+
+
+from loopeval.training import joint as _joint  # noqa: E402,F401  (adds its recipe to RECIPE_CLASSES, in either import order)
 
 
 def lora_modules(base, targets: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -49,24 +50,91 @@ class TrainResult:
         return [(step, loss) for step, loss in self.manifest["loss_curve"]]
 
 
-class _Flops:
-    """Forward FLOPs of rows of given lengths at a loop depth: the sum over a row's
-    positions t = 1..L (position t attends to t tokens) of every call site and the LM head."""
+class StepCost(NamedTuple):
+    """One step's forward FLOPs and forward blocks, the student's and the teacher's."""
+
+    flops: float
+    teacher_flops: float
+    blocks: float
+    teacher_blocks: float
+
+
+class _Cost:
+    """What a step's forwards cost, counted the same way for every recipe and side.
+
+    FLOPs: forward FLOPs of rows of given lengths at a loop depth, the sum over a row's
+    positions t = 1..L (position t attends to t tokens) of every call site and the LM
+    head. Blocks: layer passes of one forward (``PASS_CHARGE`` per call site; N for the
+    unlooped model), per step whatever the batch. Two forwards computed together
+    (``Forwards.shared``) count their shared prefix once."""
 
     def __init__(self, model, loop: LoopConfig | None, max_length: int):
-        self.model, self.loop, self.max_length, self.tables = model, loop, max_length, {}
+        self.model, self.loop, self.max_length, self.tables, self.costs = model, loop, max_length, {}, {}
+        self.positions = np.arange(1, max_length + 1)
 
-    def __call__(self, lengths: np.ndarray, depth: int | None) -> float:
+    def _cost(self, depth: int | None):
         key = 1 if self.loop is None else depth  # None: the loop's own depth
-        if key not in self.tables:
+        if key not in self.costs:
             spec = None if key == 1 else self.loop.spec if key is None else self.loop.spec.at_depth(key)
-            per = loop_cost(self.model, spec).flops_per_token(np.arange(1, self.max_length + 1))
+            self.costs[key] = loop_cost(self.model, spec)
+        return key, self.costs[key]
+
+    def flops(self, lengths: np.ndarray, depth: int | None) -> float:
+        key, cost = self._cost(depth)
+        if key not in self.tables:
+            per = cost.flops_per_token(self.positions)
             self.tables[key] = np.concatenate([[0.0], np.cumsum(per)])
         return float(self.tables[key][lengths].sum())
+
+    def blocks(self, depth: int | None) -> float:
+        key, cost = self._cost(depth)
+        return float(cost.base_passes if key == 1 else cost.passes)
+
+    def _shared(self) -> int:
+        from loopeval.training.joint import shared_sites
+
+        return shared_sites(self.loop.spec, self._cost(None)[1].base_passes)
+
+    def step_blocks(self, forwards) -> tuple[float, float]:
+        """(student blocks, teacher blocks) of one step."""
+        shared = self._shared() if forwards.shared else 0
+        return sum(self.blocks(d) for d in forwards.student) - shared, sum(self.blocks(d) for d in forwards.teacher)
+
+    def step(self, lengths: np.ndarray, forwards) -> StepCost:
+        flops = sum(self.flops(lengths, d) for d in forwards.student)
+        if forwards.shared:
+            if "shared" not in self.tables:
+                per = self._cost(1)[1].prefix_flops_per_token(self.positions, self._shared())
+                self.tables["shared"] = np.concatenate([[0.0], np.cumsum(per)])
+            flops -= float(self.tables["shared"][lengths].sum())
+        return StepCost(flops, sum(self.flops(lengths, d) for d in forwards.teacher), *self.step_blocks(forwards))
 
     @property
     def multiplier(self) -> float:
         return loop_cost(self.model, self.loop.spec if self.loop is not None else None).multiplier
+
+
+def check_first_step(base_config, loop: LoopConfig | None, config: TrainConfig, recipe: Recipe) -> None:
+    """Refuse a ``max_blocks`` below the first step's forward blocks (from the base's
+    config, before any weights load)."""
+    blocks = sum(_Cost(base_config, loop, 2).step_blocks(recipe.plan(0, recipe.depth(0) if loop is not None else None)))
+    if blocks > config.max_blocks:
+        role = LOOPED if loop is not None else TWIN
+        raise ValueError(f"max_blocks {config.max_blocks:g}: one {recipe.name} step of the {role} model costs "
+                         f"{blocks:g} forward blocks; nothing would train")
+
+
+def _budget_stop(config: TrainConfig, blocks_after_next: float, seconds: float, accelerator) -> str | None:
+    """Which cap stops training before the next step (``None``: none): ``max_blocks`` if
+    the next step would pass it, ``max_seconds`` once the steps so far reach it (the
+    run covers the time cap). Every process takes the same decision."""
+    if config.max_blocks is not None and blocks_after_next > config.max_blocks:
+        return "max_blocks"
+    if config.max_seconds is not None:
+        over = torch.tensor(float(seconds >= config.max_seconds), device=accelerator.device)
+        if accelerator.reduce(over, "sum").item() > 0:
+            return "max_seconds"
+    return None
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -132,7 +200,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
     model, tokenizer = load_model(base, dtype=getattr(torch, config.dtype))
     base_hash = weights_sha256(model)
     base_params = sum(p.numel() for p in model.parameters())
-    flops = _Flops(model, loop, config.max_length)
+    cost = _Cost(model, loop, config.max_length)
     if loop is not None:
         apply_loop(model, loop)
     core = model
@@ -151,6 +219,13 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
     batches_hash = hashlib.sha256()
     input_tokens = loss_tokens = 0
     forward_flops = teacher_flops = 0.0
+    step_blocks, step_seconds, stopped_by, teacher_blocks = [], [], None, 0.0
+
+    def plan(step: int):
+        depth = recipe.depth(step) if loop is not None else None
+        return depth, cost.step(data.lengths[order[step].numpy()], recipe.plan(step, depth))
+
+    depth, step_cost = plan(0)
     draws, curve, terms_curve, heldout_curve, checkpoints = [], [], {}, [], []
     window, terms_window = [], {}
     bar = tqdm(total=config.steps, desc=f"{recipe.name} {role}", unit="step",
@@ -158,15 +233,17 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
     started = time.perf_counter()
     eval_time = 0.0
     for step in range(config.steps):
+        step_started = time.perf_counter()
         rows = order[step].tolist()
         update_batch_hash(batches_hash, data, rows)
         n_targets = int(data.targets[rows].sum())
         input_tokens += int(data.lengths[rows].sum())
         loss_tokens += n_targets
-        depth = recipe.depth(step) if loop is not None else None
         draws.append(depth)
-        forward_flops += flops(data.lengths[rows], depth)
-        teacher_flops += recipe.teacher_forwards() * flops(data.lengths[rows], 1)
+        forward_flops += step_cost.flops
+        teacher_flops += step_cost.teacher_flops
+        step_blocks.append(step_cost.blocks + step_cost.teacher_blocks)
+        teacher_blocks += step_cost.teacher_blocks
 
         mine = rows[rank::world]
         size = config.micro_batch_size or len(mine)
@@ -188,19 +265,26 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
             accelerator.clip_grad_norm_(wrapped.parameters(), config.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if accelerator.device.type == "cuda":
+            torch.cuda.synchronize()
+        step_seconds.append(time.perf_counter() - step_started)
+        if step + 1 < config.steps:
+            next_plan = plan(step + 1)  # the recipe plans its steps once each, in order
+            following = next_plan[1].blocks + next_plan[1].teacher_blocks
+            stopped_by = _budget_stop(config, sum(step_blocks) + following, sum(step_seconds), accelerator)
 
         recipe.end_step(step, lambda t: accelerator.reduce(t, "sum") / n_targets)
         window.append(accelerator.reduce(step_loss, "sum") / n_targets)
         for name, value in step_terms.items():
             terms_window.setdefault(name, []).append(accelerator.reduce(value, "sum") / n_targets)
-        if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+        last = step + 1 == config.steps or stopped_by is not None
+        if (step + 1) % config.log_every == 0 or last:
             curve.append([step + 1, torch.stack(window).mean().item()])
             for name, values in terms_window.items():
                 terms_curve.setdefault(name, []).append([step + 1, torch.stack(values).mean().item()])
             window, terms_window = [], {}
             bar.set_postfix(loss=f"{curve[-1][1]:.4f}", refresh=False)
 
-        last = step + 1 == config.steps
         if heldout is not None and (last or (config.save_every and (step + 1) % config.save_every == 0)):
             t0 = time.perf_counter()
             size = config.micro_batch_size or -(-len(heldout) // world)
@@ -219,6 +303,9 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
             checkpoints.append({"step": step + 1, "tokens": input_tokens, "path": name})
             eval_time += time.perf_counter() - t0
         bar.update()
+        if last:
+            break
+        depth, step_cost = next_plan
     train_time = time.perf_counter() - started - eval_time  # the last .item() waited for the device
     bar.close()
 
@@ -249,7 +336,10 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
         "batches_sha256": batches_hash.hexdigest(),
         "tokens": {"input": input_tokens, "loss": loss_tokens},
         "flops": {"forward": forward_flops, "teacher_forward": teacher_flops,
-                  "train": TRAIN_FLOPS_PER_FORWARD * forward_flops + teacher_flops, "multiplier": flops.multiplier},
+                  "train": TRAIN_FLOPS_PER_FORWARD * forward_flops + teacher_flops, "multiplier": cost.multiplier},
+        "blocks": {"total": sum(step_blocks), "teacher": teacher_blocks, "per_step": step_blocks},
+        "step_seconds": step_seconds,
+        "budget": {"steps_run": len(step_blocks), "stopped_by": stopped_by},
         "loss_curve": curve,
         **({"loss_terms": terms_curve} if terms_curve else {}),
         "heldout_curve": heldout_curve,

@@ -16,7 +16,7 @@ from loopeval.loop import LoopConfig, LoopSpec, resolve_loop
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
 from loopeval.training.recipes import Recipe, make_recipe
-from loopeval.training.runner import LOOPED, TWIN, TrainResult, train_one
+from loopeval.training.runner import LOOPED, TWIN, TrainResult, check_first_step, train_one
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -46,8 +46,11 @@ def _prepare(base, data, heldout, loops: list[LoopConfig | None], config: TrainC
         recipe.preflight(base, heldout=heldout)
     if heldout is not None:
         check_separate(data, heldout)
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
+    if config.max_blocks is not None:
+        for recipe, loop in zip(recipes, loops):
+            check_first_step(AutoConfig.from_pretrained(base), loop, config, recipe)
     tokenizer = AutoTokenizer.from_pretrained(base)
     pack = config.recipe == "cpt"
     rows = load_data(data, tokenizer, max_length=config.max_length, pack=pack)
