@@ -177,9 +177,9 @@ def test_bad_conversion_options_fail_before_weights_load(work, tmp_path, monkeyp
         f"model.layers.{i}.self_attn.{n}" for i in range(6) for n in ("q_proj", "v_proj"))
     assert "lm_head" not in lora_modules(work / "base", "all-linear")
     from loopeval.manifest import RECIPES
-    from loopeval.training.recipes import RECIPE_CLASSES
+    from loopeval.training.recipes import recipe_classes
 
-    assert tuple(RECIPE_CLASSES) == RECIPES
+    assert tuple(recipe_classes()) == RECIPES
 
 
 def test_cli_converts_with_the_same_code_path(work, tmp_path, capsys):

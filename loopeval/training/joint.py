@@ -65,7 +65,7 @@ import torch
 from loopeval.loop import (apply_loop, decoder_layers, loop_config, loop_disabled, loop_hooks_paused, remove_loop,
                            whole_layer)
 from loopeval.training.objectives import kl_and_nll_sums, nll_sum
-from loopeval.training.recipes import RECIPE_CLASSES, Forwards, Recipe
+from loopeval.training.recipes import Forwards, Recipe
 
 TEACHERS = ("frozen-original", "online", "frozen-looped")
 RECEIVERS = {"single": ("single",), "loop": ("loop",), "both": ("single", "loop")}
@@ -290,5 +290,3 @@ class Joint(Recipe):
             loss = loss + weight * ce
         return loss, terms
 
-
-RECIPE_CLASSES[Joint.name] = Joint

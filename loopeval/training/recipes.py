@@ -299,14 +299,16 @@ class LoopConvert(Recipe):
                 "mix": {"init": c.mix_init, "trained": trained, "weight": mix_weight(trained)}}
 
 
-RECIPE_CLASSES = {cls.name: cls for cls in (Full, Convert, ContinuedPretraining, LoopConvert)}
+def recipe_classes() -> dict[str, type[Recipe]]:
+    """Every recipe's class by name, in ``RECIPES`` order (``joint`` lives in its own module,
+    which builds on :class:`Recipe`)."""
+    from loopeval.training.joint import Joint
+
+    return {cls.name: cls for cls in (Full, Convert, ContinuedPretraining, Joint, LoopConvert)}
 
 
 def make_recipe(config: TrainConfig, loop: LoopConfig | None) -> Recipe:
-    return RECIPE_CLASSES[config.recipe](config, loop)
-
-
-from loopeval.training import joint as _joint  # noqa: E402,F401  (adds its recipe to RECIPE_CLASSES, in either import order)
+    return recipe_classes()[config.recipe](config, loop)
 
 
 def lora_modules(base, targets: str | tuple[str, ...]) -> tuple[str, ...]:
