@@ -1,7 +1,7 @@
 """``loopeval place`` with prefix reuse against the naive full-forward search, side by side.
 
 The full default grid (widths 2-8, K in {2,3,4}, damped with beta in {0, 0.25, 0.5}:
-1,512 candidates) on a 16-layer random Qwen3 on CPU, scored by both engines on the same
+756 candidates) on a 16-layer random Qwen3 on CPU, scored by both engines on the same
 text, in one run, interleaved (naive, prefix, prefix, naive, ...; the best of the
 repeats): wall and CPU time, layer passes executed (per text position) against the
 analytic count, and the two ratios. Then a projection for Qwen3-8B's 2,016-configuration
