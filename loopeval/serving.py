@@ -59,8 +59,8 @@ def generation_options(cache: str = "dynamic", compile: bool = False, *, device=
     if cache not in CACHES:
         raise ValueError(f"cache {cache!r}: choose one of {', '.join(CACHES)}")
     if compile and cache != "static":
-        raise ValueError("compile needs the static cache: transformers compiles the decode step only with "
-                         "cache_implementation=static; add it, or drop compile")
+        raise ValueError("compile needs the static cache (--cache static, cache_implementation=static): "
+                         "transformers compiles the decode step only with it; add it, or drop compile")
     options = {"disable_compile": not compile}
     if cache == "static":
         options["cache_implementation"] = "static"
@@ -241,64 +241,84 @@ def _check_counts(prompt_tokens, new_tokens, repeats) -> None:
             raise ValueError(f"{name} {value!r}: must be an integer >= {least}{why}")
 
 
-def _max_positions(model) -> int | None:
-    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    return getattr(cfg, "max_position_embeddings", None)
+def _writable(out) -> None:
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
 
 
-def _vocab(tokenizer) -> dict | None:
-    return None if tokenizer is None else tokenizer.get_vocab()
-
-
-def _load(source, loop, dtype, device):
-    """``[(name, model, tokenizer)]`` for the given sources; one source gives its unlooped
-    self and its looped self, the looped copy sharing the weights."""
+def _check_sources(sources, loop, positions: int) -> None:
+    """Refuse, before any weights load, a loop with several models, a generation longer
+    than a model's maximum position and models with different tokenizers."""
     import torch
+    from transformers import AutoConfig, AutoTokenizer
 
-    from loopeval.checkpoint import check_source, load_model
-    from loopeval.loop import apply_loop, loop_config, remove_loop, resolve_loop
+    from loopeval.checkpoint import check_source
+    from loopeval.loop import resolve_loop
 
-    sources = list(source) if isinstance(source, (list, tuple)) else [source]
     if not sources:
         raise ValueError("serve_cost: no model given")
     if loop is not None and len(sources) != 1:
         raise ValueError("--loop compares one model with its own unlooped self; with several --model, "
                          "each model brings its own loop (loop_config.json)")
-    if len(sources) == 1 and not isinstance(sources[0], torch.nn.Module):
-        check_source(str(sources[0]))
-        resolve_loop(str(sources[0]), loop)  # the spec is checked against the config before weights load
+    vocabs = []
+    for s in sources:
+        if isinstance(s, torch.nn.Module):
+            config, name, vocab = s.config, type(s).__name__, None
+        else:
+            check_source(str(s))
+            config, name = AutoConfig.from_pretrained(s), str(s)
+            try:
+                vocab = AutoTokenizer.from_pretrained(s).get_vocab()
+            except (OSError, ValueError):
+                vocab = None
+        if len(sources) == 1 and resolve_loop(s if isinstance(s, torch.nn.Module) else str(s), loop) is None:
+            raise ValueError(f"{name} has no loop: give --loop SPEC to compare it with its unlooped self, or a "
+                             "second --model")
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        limit = getattr(text, "max_position_embeddings", None)
+        if limit is not None and positions > limit:
+            raise ValueError(f"--prompt-tokens + --new-tokens = {positions} positions: more than {name}'s maximum "
+                             f"position {limit} (max_position_embeddings); lower --new-tokens or --prompt-tokens")
+        vocabs.append((name, vocab))
+    for name, vocab in vocabs[1:]:
+        if vocab != vocabs[0][1]:
+            raise ValueError(f"{name} and {vocabs[0][0]} have different tokenizers; serving costs are compared "
+                             "on the same token stream, so give models that share one tokenizer")
+
+
+def _load(sources, loop, dtype, device):
+    """``[(name, model, tokenizer)]``, the baseline first; one source gives its unlooped
+    self and its looped self, the two sharing the weights."""
+    import torch
+
+    from loopeval.checkpoint import load_model
+    from loopeval.loop import apply_loop, loop_config, remove_loop, resolve_loop
+
     loaded = []
     for s in sources:
         if isinstance(s, torch.nn.Module):
             model, tok, name = s, None, type(s).__name__
         else:
-            check_source(str(s))
             model, tok = load_model(s, dtype=getattr(torch, dtype) if dtype else "auto")
             name = str(s)
         loaded.append((name, model.to(device).eval(), tok))
-    if len(sources) == 1:
-        name, model, tok = loaded[0]
-        wanted = resolve_loop(model, loop)  # a looped model refuses a second loop
-        if wanted is None:
-            raise ValueError(f"{name} has no loop: give --loop SPEC to compare it with its unlooped self, or a "
-                             "second --model")
-        own = loop_config(model) is not None
-        shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-        if own:  # copy it unlooped: hooks do not survive a copy
-            remove_loop(model)
-        try:
-            twin = copy.deepcopy(model, memo=shared)  # the same weights
-        finally:
-            if own:
-                apply_loop(model, wanted)
-        base, looped = (twin, model) if own else (model, apply_loop(twin, wanted))
-        return [("unlooped", base, tok), (f"looped {wanted.spec}", looped, tok)]
-    vocabs = [_vocab(t) for _, _, t in loaded]
-    for (name, _, tok), vocab in zip(loaded[1:], vocabs[1:]):
-        if vocab != vocabs[0]:
-            raise ValueError(f"{name} and {loaded[0][0]} have different tokenizers; serving costs are compared "
-                             "on the same token stream, so give models that share one tokenizer")
-    return loaded
+    if len(sources) > 1:
+        return loaded
+    _, model, tok = loaded[0]
+    wanted = resolve_loop(model, loop)
+    own = loop_config(model) is not None
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    if own:  # copy it unlooped: hooks do not survive a copy
+        remove_loop(model)
+    try:
+        twin = copy.deepcopy(model, memo=shared)  # the same weights
+    finally:
+        if own:
+            apply_loop(model, wanted)
+    base, looped = (twin, model) if own else (model, apply_loop(twin, wanted))
+    return [("unlooped", base, tok), (f"looped {wanted.spec}", looped, tok)]
 
 
 class _Meter:
@@ -445,14 +465,12 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     options = generation_options(cache, compile, device=device)
     if compile:
         check_compile_backend(device)
-    loaded = _load(models, loop, dtype, device)
+    if out is not None:
+        _writable(out)
+    sources = list(models) if isinstance(models, (list, tuple)) else [models]
+    _check_sources(sources, loop, prompt_tokens + new_tokens)
+    loaded = _load(sources, loop, dtype, device)
     tokenizer = loaded[0][2]
-    for name, model, _ in loaded:
-        limit = _max_positions(model)
-        if limit is not None and prompt_tokens + new_tokens > limit:
-            raise ValueError(f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} = "
-                             f"{prompt_tokens + new_tokens} positions: more than {name}'s maximum position "
-                             f"{limit} (max_position_embeddings)")
     pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
                             getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)
     vocab = min(m.config.get_text_config(decoder=True).vocab_size for _, m, _ in loaded)

@@ -6,10 +6,12 @@ Its format lives here only. A trace is a JSON-lines file named
     {"kind": "header", "format": 2, "created": <unix seconds>, "model": str,
      "loop": {"loop", "operator", "beta", "mix"} | null, "cost": {...LoopCost.summary()},
      "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff"} | null,
-     "versions": {...}}
+     "versions": {...}, "generation": {"cache_implementation", "compile"}}
 
 ``decoding`` holds exactly the settings both sides of a comparison must share
 (:class:`DecodingSettings`); the loop and its cost are what legitimately differ.
+``generation`` records how ``generate`` ran (cache implementation, compiled decoding):
+settings that change speed but not outputs, so they are recorded, not compared.
 Every following line is one generation request::
 
     {"kind": "item", "task": str, "doc_id": int, "idx": int, "prompt_hash": str,
@@ -84,6 +86,7 @@ class TraceHeader:
     cache_check: dict | None = None
     versions: dict = field(default_factory=dict)
     weights: str | None = None  # checkpoint.weights_fingerprint of the evaluated weights
+    generation: dict = field(default_factory=dict)  # speed-only: cache_implementation, compile (not compared)
 
     @property
     def looped(self) -> bool:
@@ -106,7 +109,8 @@ class TraceHeader:
             raise ValueError(f"unknown loopeval trace format {rec.get('format')!r} (this loopeval reads 1 and {FORMAT})")
         return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
                    decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
-                   versions=dict(rec.get("versions") or {}), weights=rec.get("weights"))
+                   versions=dict(rec.get("versions") or {}), weights=rec.get("weights"),
+                   generation=dict(rec.get("generation") or {}))
 
     @classmethod
     def _from_format_1(cls, s: dict) -> TraceHeader:
