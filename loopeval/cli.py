@@ -473,6 +473,8 @@ def _add_report(sub) -> None:
                    help="the training variant of a run, e.g. runs/twin_3x=3x-FT (repeatable)")
     p.add_argument("--training", nargs=2, action="append", default=[], metavar=("TWIN", "LOOPED"),
                    help="checkpoints of a twin pair whose manifests hold held-out curves (Fig. 3 and 5; repeatable)")
+    p.add_argument("--serve-cost", nargs="+", default=[], metavar="DIR",
+                   help="loopeval serve-cost output folders: adds the serving section (Table 10)")
     p.add_argument("--cost", choices=["passes", "flops"], default="passes",
                    help="charge layer passes (the paper's rule, default) or traced FLOPs")
     p.add_argument("--selection", choices=["fixed", "resampled"], default="fixed",
@@ -525,7 +527,8 @@ def _report(args) -> int:
     data = build_report(
         [spec(r) for r in args.twin], [spec(r) for r in args.looped], larger=spec(args.larger) if args.larger else None,
         sizes=tuple(args.sizes) if args.sizes else None, default_scale=args.default_scale, cost=args.cost,
-        selection=args.selection, training_pairs=[tuple(pair) for pair in args.training], title=args.title,
+        selection=args.selection, training_pairs=[tuple(pair) for pair in args.training],
+        serve_cost=args.serve_cost, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.bootstrap_seed,
     )
     path = write_report(data, out, template=args.template, latex_tables=args.latex)

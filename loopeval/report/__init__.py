@@ -20,7 +20,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from loopeval.report import checks, evaluations, figures, tables, training
+from loopeval.report import checks, evaluations, figures, serving, tables, training
 from loopeval.report.checks import Check
 from loopeval.report.data import ReportData
 from loopeval.report.evaluations import RunSpec
@@ -44,6 +44,7 @@ def build_report(
     alpha: float = 0.05,
     margin: float = 0.02,
     training_pairs: list[tuple[str | Path, str | Path]] = (),
+    serve_cost: list[str | Path] = (),
     title: str | None = None,
     strict: bool = False,
     n_resamples: int = 10_000,
@@ -61,12 +62,14 @@ def build_report(
     ``alpha`` and ``margin`` (a fraction) are the tests' level and equivalence margin.
     The training section (Fig. 3 and 5) draws every twin pair whose manifests hold
     held-out curves: the evaluated checkpoints', and ``training_pairs`` of (twin, looped)
-    checkpoint folders.
+    checkpoint folders. ``serve_cost`` folders (``loopeval serve-cost --out``) add the
+    serving section (Table 10).
     Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
     fairness check.
     """
     if cost not in COST_MODES:
         raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
+    served = serving.section(list(serve_cost))
     evals, extra = evaluations.classify(twin, looped, larger)
     trained = training.pairs_from_paths(list(training_pairs)) + training.pairs_from_evaluations(evals)
     groups = evaluations.group(evals)
@@ -108,6 +111,7 @@ def build_report(
         ],
         ceiling=ceiling,
         training=training.section(trained),
+        serving=served,
         strict=strict,
         notes=[f"{c.label}, {row.task or 'macro'}: {w}" for c in conditions
                for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings]

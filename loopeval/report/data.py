@@ -36,6 +36,7 @@ class ReportData:
     runs: list[dict]
     ceiling: Ceiling | None = None
     training: list[dict] = field(default_factory=list)  # report.training.section: Fig. 3 and 5 per twin pair
+    serving: list[dict] = field(default_factory=list)  # report.serving.section: Table 10 rows
     strict: bool = False
     notes: list[str] = field(default_factory=list)
 
