@@ -407,12 +407,7 @@ def _place(args) -> int:
 
 
 def _batch_sizes(text: str):
-    if text.strip() == "auto":
-        return "auto"
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected auto or sizes such as 1,8,64") from None
+    return "auto" if text.strip() == "auto" else _int_list(text)
 
 
 def _add_serve_cost(sub) -> None:

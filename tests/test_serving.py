@@ -236,6 +236,26 @@ def test_lm_eval_model_passes_cache_and_compile_to_generate_and_records_them(che
     assert TraceHeader.from_record({"kind": "header", "format": 2, **header.to_dict()}).generation == header.generation
 
 
+def test_lm_eval_static_cache_generates_what_the_dynamic_cache_does(checkpoints, tmp_path):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from conftest import write_generate_task
+    from loopeval.model_adapters.looped import LoopedLM
+
+    rows = [{"question": q, "answer": "7"} for q in ("What is 3 + 4?", "Tom has 3 apples.", "2 + 2 =")]
+    write_generate_task(tmp_path, "tiny_gen", rows, max_gen_toks=8)
+    manager = TaskManager(include_path=str(tmp_path))
+    responses = []
+    for cache in ("dynamic", "static"):
+        lm = LoopedLM(pretrained=str(checkpoints / "looped"), device="cpu", batch_size=3, cache_implementation=cache,
+                      check_cache=False)
+        result = simple_evaluate(model=lm, tasks=["tiny_gen"], task_manager=manager, log_samples=True,
+                                 verbosity="ERROR")
+        responses.append({s["doc_id"]: s["resps"] for s in result["samples"]["tiny_gen"]})
+    assert responses[0] == responses[1]
+
+
 def _cli(*args):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "loopeval", "serve-cost", *args], capture_output=True, text=True,
