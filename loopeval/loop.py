@@ -17,7 +17,8 @@ call site's slot, so attention KV caches and the Gated DeltaNet recurrent and
 convolution states of Qwen3.5 are kept per call site, whatever cache method the layer
 calls. An MLP-only pass reads no cache and has no slot. A ``StaticCache`` (HF's
 ``cache_implementation="static"``) gets its extra slots the same way, as copies of the
-static layers, so each is preallocated to ``max_cache_len`` like the model's own.
+static layers, so each is preallocated to ``max_cache_len`` like the model's own (a
+copy of an already allocated layer keeps its fixed-address mark for ``torch.compile``).
 
 Operators (``g`` is the window applied once, ``K`` its total number of passes,
 ``x0`` the window's input; pass 1 is always the model's own pass through the whole
@@ -584,14 +585,7 @@ class _LoopRuntime:
                 f"needs {self.num_layers} (fresh) or {self.num_slots}"
             )
         extra = [s for s in self.sites if s.slot is not None and s.slot >= self.num_layers]
-        copies = [copy.deepcopy(cache.layers[s.layer]) for s in sorted(extra, key=lambda s: s.slot)]
-        for layer in copies:  # a copy of an allocated static layer keeps fixed addresses, as its original
-            if getattr(layer, "is_compileable", False) and getattr(layer, "is_initialized", False) \
-                    and not torch.compiler.is_compiling():
-                for value in vars(layer).values():
-                    if isinstance(value, torch.Tensor):
-                        torch._dynamo.mark_static_address(value)
-        cache.layers.extend(copies)
+        cache.layers.extend(copy.deepcopy(cache.layers[s.layer]) for s in sorted(extra, key=lambda s: s.slot))
 
     def _view(self, cache, slot_map: dict[int, int]):
         view = copy.copy(cache)
