@@ -416,13 +416,13 @@ def _auto_batch(meter: _Meter, model, new_tokens: int, *, cache_bytes_per_row: i
     ``CPU_AUTO_GAIN`` and the estimated cache stays within ``CPU_AUTO_MEMORY_SHARE`` of the
     available memory; the batch of the best throughput seen is returned."""
     if meter.cuda:
-        ok, bad = 0, None
-        batch = 1
-        while batch <= AUTO_MAX_BATCH and meter.fits(model, batch, new_tokens):
-            ok, batch = batch, batch * 2
+        ok, bad = 0, 1
+        while meter.fits(model, bad, new_tokens):
+            ok, bad = bad, bad * 2
+            if bad > AUTO_MAX_BATCH:
+                return ok
         if ok == 0:
             raise ValueError(f"batch 1 does not fit on {meter.device} ({new_tokens} new tokens)")
-        bad = batch
         while bad - ok > 1:
             mid = (ok + bad) // 2
             ok, bad = (mid, bad) if meter.fits(model, mid, new_tokens) else (ok, mid)
@@ -448,7 +448,9 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     ``models`` is one checkpoint (path, hub id or model), compared with ``loop`` or its
     own loop against its unlooped self (sharing its weights), or several, the baseline
     first, each with its own loop. ``batch_sizes`` is ``"auto"`` or a list of sizes; the
-    headline throughput is read at ``auto``'s batch or the largest size given. Every
+    headline throughput is read at ``auto``'s batch or the largest size given. ``dtype``
+    (e.g. ``"bfloat16"``) is the load dtype of checkpoints (default: their own); a model
+    object is measured as it is. ``device`` defaults to CUDA when present. Every
     input is checked before any model loads or runs. With ``out``, writes
     ``out/serve_cost.json``.
     """

@@ -153,6 +153,20 @@ def test_cpu_auto_batch_doubles_while_throughput_rises(monkeypatch):
     assert serving._auto_batch(meter, None, 10, cache_bytes_per_row=10**15) == 1  # memory bound first
 
 
+@pytest.mark.parametrize("limit", [1, 2, 3, 693, 710, 1024])
+def test_cuda_auto_batch_finds_the_largest_batch_that_fits(limit):
+    """Doubling then bisecting against a fake device whose out-of-memory starts past ``limit``."""
+    from loopeval import serving
+
+    class Device:
+        cuda, device = True, "cuda"
+
+        def fits(self, model, batch, new_tokens):
+            return batch <= limit
+
+    assert serving._auto_batch(Device(), None, 4, cache_bytes_per_row=1) == limit
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"batch_sizes": [0, 8]}, r"batch sizes \[0, 8\]: expected 'auto' or positive integers"),
     ({"new_tokens": 2000}, r"2008 positions: more than Qwen3ForCausalLM's maximum position 1024"),
