@@ -470,6 +470,8 @@ def _add_report(sub) -> None:
                    help="checkpoints of a twin pair whose manifests hold held-out curves (Fig. 3 and 5; repeatable)")
     p.add_argument("--serve-cost", nargs="+", default=[], metavar="DIR",
                    help="loopeval serve-cost output folders: adds the serving section (Table 10)")
+    p.add_argument("--wall-clock", action="store_true",
+                   help="Figure 2 on measured time: looped points at the --serve-cost latency ratio instead of c")
     p.add_argument("--cost", choices=["passes", "flops"], default="passes",
                    help="charge layer passes (the paper's rule, default) or traced FLOPs")
     p.add_argument("--selection", choices=["fixed", "resampled"], default="fixed",
@@ -523,7 +525,7 @@ def _report(args) -> int:
         [spec(r) for r in args.twin], [spec(r) for r in args.looped], larger=spec(args.larger) if args.larger else None,
         sizes=tuple(args.sizes) if args.sizes else None, default_scale=args.default_scale, cost=args.cost,
         selection=args.selection, training_pairs=[tuple(pair) for pair in args.training],
-        serve_cost=args.serve_cost, title=args.title,
+        serve_cost=args.serve_cost, wall_clock=args.wall_clock, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.bootstrap_seed,
     )
     path = write_report(data, out, template=args.template, latex_tables=args.latex)
