@@ -449,6 +449,47 @@ def _place(args) -> int:
     return 0
 
 
+def _batch_sizes(text: str):
+    return "auto" if text.strip() == "auto" else _int_list(text)
+
+
+def _add_serve_cost(sub) -> None:
+    p = sub.add_parser(
+        "serve-cost",
+        help="latency, throughput and memory of looped against unlooped decoding (the paper's Table 10)",
+        description="Measures, interleaved in one process: prefill time, decode latency per token at batch 1 "
+        "(prefill excluded), throughput at each batch size, peak memory at batch 1 and the memory growth per "
+        "token next to loop_cost's KV bytes; prints each ratio next to c and writes OUT/serve_cost.json. One "
+        "--model with --loop (or its own loop) is compared with its unlooped self; several --model are compared "
+        "with the first.",
+    )
+    p.add_argument("--model", action="append", required=True, help="checkpoint folder or hub id (repeatable; the "
+                   "first is the baseline)")
+    p.add_argument("--loop", help="loop spec for a single --model, e.g. 8:16x2")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--batch-sizes", type=_batch_sizes, default="auto",
+                   help="auto (default: the largest batch that fits on CUDA; see docs/serving.md for CPU) or 1,8,64")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (needs --cache static)")
+    p.add_argument("--device", help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: the checkpoint's")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=_serve_cost)
+
+
+def _serve_cost(args) -> int:
+    from loopeval.serving import serve_cost
+
+    result = serve_cost(args.model, loop=args.loop, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                        batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile, cache=args.cache,
+                        device=args.device, dtype=args.dtype, out=args.out)
+    print(result.to_text())
+    print(f"wrote {args.out}/serve_cost.json")
+    return 0
+
+
 # Subcommands are listed here in the order `loopeval --help` shows them.
 def _add_report(sub) -> None:
     p = sub.add_parser(
@@ -470,6 +511,10 @@ def _add_report(sub) -> None:
                    help="the training variant of a run, e.g. runs/twin_3x=3x-FT (repeatable)")
     p.add_argument("--training", nargs=2, action="append", default=[], metavar=("TWIN", "LOOPED"),
                    help="checkpoints of a twin pair whose manifests hold held-out curves (Fig. 3 and 5; repeatable)")
+    p.add_argument("--serve-cost", nargs="+", default=[], metavar="DIR",
+                   help="loopeval serve-cost output folders: adds the serving section (Table 10)")
+    p.add_argument("--wall-clock", action="store_true",
+                   help="Figure 2 on measured time: looped points at the --serve-cost latency ratio instead of c")
     p.add_argument("--cost", choices=["passes", "flops"], default="passes",
                    help="charge layer passes (the paper's rule, default) or traced FLOPs")
     p.add_argument("--selection", choices=["fixed", "resampled"], default="fixed",
@@ -522,7 +567,8 @@ def _report(args) -> int:
     data = build_report(
         [spec(r) for r in args.twin], [spec(r) for r in args.looped], larger=spec(args.larger) if args.larger else None,
         sizes=tuple(args.sizes) if args.sizes else None, default_scale=args.default_scale, cost=args.cost,
-        selection=args.selection, training_pairs=[tuple(pair) for pair in args.training], title=args.title,
+        selection=args.selection, training_pairs=[tuple(pair) for pair in args.training],
+        serve_cost=args.serve_cost, wall_clock=args.wall_clock, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.bootstrap_seed,
     )
     path = write_report(data, out, template=args.template, latex_tables=args.latex)
@@ -591,7 +637,7 @@ def _demo(args) -> int:
 
 
 _SUBCOMMANDS = [_add_demo, _add_check_cache, _add_place, _add_decontaminate, _add_train, _add_protocol,
-                _add_compare, _add_power, _add_report, _add_score_audit, _add_tasks_path]
+                _add_compare, _add_power, _add_report, _add_serve_cost, _add_score_audit, _add_tasks_path]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,10 @@ appended to the cache before they are first written. A re-applied layer or atten
 block is handed a view of the cache whose ``layers`` list points its own index at its
 call site's slot, so attention KV caches and the Gated DeltaNet recurrent and
 convolution states of Qwen3.5 are kept per call site, whatever cache method the layer
-calls. An MLP-only pass reads no cache and has no slot.
+calls. An MLP-only pass reads no cache and has no slot. A ``StaticCache`` (HF's
+``cache_implementation="static"``) gets its extra slots the same way, as copies of the
+static layers, so each is preallocated to ``max_cache_len`` like the model's own (a
+copy of an already allocated layer keeps its fixed-address mark for ``torch.compile``).
 
 Operators (``g`` is the window applied once, ``K`` its total number of passes,
 ``x0`` the window's input; pass 1 is always the model's own pass through the whole

@@ -7,13 +7,16 @@ Its format lives here only. A trace is a JSON-lines file named
      "loop": {"loop", "operator", "beta", "mix"[, "mix_source"]} | null, "exit_after": int | null,
      "cost": {...LoopCost.summary()},
      "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff"} | null,
-     "versions": {...}}
+     "versions": {...}, "generation": {"cache_implementation", "compile"}}
 
 ``decoding`` holds exactly the settings both sides of a comparison must share
 (:class:`DecodingSettings`); the loop and its cost are what legitimately differ.
 ``exit_after`` (004's fixed exit) is part of the looped side's loop, not a shared
 setting (a twin has no loop): ``loop`` is the loop as evaluated, every window at
 ``K = exit_after``, and ``cost`` is that of those k steps.
+
+``generation`` records how ``generate`` ran (cache implementation, compiled decoding):
+settings that change speed but not outputs, so they are recorded, not compared.
 Every following line is one generation request::
 
     {"kind": "item", "task": str, "doc_id": int, "idx": int, "prompt_hash": str,
@@ -89,6 +92,7 @@ class TraceHeader:
     versions: dict = field(default_factory=dict)
     weights: str | None = None  # checkpoint.weights_fingerprint of the evaluated weights
     exit_after: int | None = None  # the fixed exit (steps run of a longer trained loop), or None
+    generation: dict = field(default_factory=dict)  # speed-only: cache_implementation, compile (not compared)
 
     @property
     def looped(self) -> bool:
@@ -112,7 +116,7 @@ class TraceHeader:
         return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
                    decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
                    versions=dict(rec.get("versions") or {}), weights=rec.get("weights"),
-                   exit_after=rec.get("exit_after"))
+                   exit_after=rec.get("exit_after"), generation=dict(rec.get("generation") or {}))
 
     @classmethod
     def _from_format_1(cls, s: dict) -> TraceHeader:

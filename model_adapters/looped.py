@@ -53,6 +53,7 @@ from loopeval.decoding import (
 )
 from loopeval.loop import MIX_SOURCES, OPERATORS, apply_loop, loop_config, resolve_loop
 from loopeval.responses import ResponseStore, request_key
+from loopeval.serving import CACHES, check_compile_backend, generation_options
 from loopeval.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter, prompt_hash
 
 
@@ -75,6 +76,10 @@ class LoopedArgs:
     period of 4-256 tokens three times. ``budget_scale``: multiplies every task's
     ``max_gen_toks``. ``trace``: a folder for the per-item cost trace. ``resume_dir``:
     a folder of finished generations; a rerun serves them (:mod:`loopeval.responses`).
+    ``cache_implementation`` (``dynamic`` or ``static``) and ``compile`` (the decode step
+    under ``torch.compile``, which needs ``static``) are passed to ``generate``
+    (:func:`loopeval.serving.generation_options`); they change speed, not outputs, so the
+    trace records them beside, not among, the shared decoding settings.
     """
 
     loop: str | None = None
@@ -93,6 +98,8 @@ class LoopedArgs:
     budget_scale: float = 1.0
     trace: str | None = None
     resume_dir: str | None = None
+    cache_implementation: str = "dynamic"
+    compile: bool = False
 
     @classmethod
     def parse(cls, raw: dict) -> LoopedArgs:
@@ -106,6 +113,7 @@ class LoopedArgs:
             "bf_reserve_rule": lambda n, v: as_choice(n, v, RESERVE_RULES), "bf_string": as_text,
             "bf_when_answered": lambda n, v: as_choice(n, v, WHEN_ANSWERED), "repetition_stop": as_bool,
             "budget_scale": lambda n, v: as_float(n, v, positive=True), "trace": _folder, "resume_dir": _folder,
+            "cache_implementation": lambda n, v: as_choice(n, v, CACHES), "compile": as_bool,
         }
         values = {}
         for f in fields(cls):
@@ -168,6 +176,9 @@ class LoopedLM(HFLM):
         if unknown:
             raise ValueError(f"looped: unknown model arg(s) {', '.join(unknown)}; valid: {', '.join(_valid_args())}")
         args = LoopedArgs.parse(kwargs)
+        generation_options(args.cache_implementation, args.compile)  # refuses compile without the static cache
+        if args.compile:
+            check_compile_backend(kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(pretrained, str):
             try:
                 check_source(pretrained)
@@ -197,6 +208,7 @@ class LoopedLM(HFLM):
         if self.loop is not None and loop_config(self.model) is None:
             apply_loop(self.model, self.loop)
         self.args = args
+        self.generation_options = generation_options(args.cache_implementation, args.compile, device=self.device)
         self.cost = loop_cost(self.model, self.loop.spec if self.loop else None)
         self.check_cache = args.check_cache and self.loop is not None
         self.cache_check_result = None
@@ -252,6 +264,7 @@ class LoopedLM(HFLM):
                                                    "error": check.error},
             versions={"loopeval": loopeval.__version__, "python": platform.python_version(), "torch": torch.__version__},
             weights=self.weights,
+            generation={"cache_implementation": self.args.cache_implementation, "compile": self.args.compile},
         )
 
     def _identity(self) -> dict:
@@ -352,6 +365,7 @@ class LoopedLM(HFLM):
         )
         if rules.active:
             generation_kwargs["logits_processor"] = LogitsProcessorList([rules])
+        generation_kwargs.update(self.generation_options)
         sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         return sequences, rules.outcomes(sequences)
 

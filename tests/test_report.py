@@ -388,3 +388,60 @@ def test_the_training_section_draws_the_exchange_rate(runs, tmp_path):
     assert 'id="table-training-cost"' in out.read_text()
     with pytest.raises(ValueError, match="give the twin's checkpoint first"):
         build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), training_pairs=[(tmp_path / "looped", tmp_path / "twin")])
+
+
+def test_the_serving_section_shows_table_10(runs, tmp_path):
+    """A serve_cost.json holding the paper's 0.8B row of Table 10 (20.6 -> 25.3 ms, 6,842 ->
+    5,286 tokens/s at batch 693 -> 710, 1.5 GB): the report prints its ratios, 1.23 and 0.77."""
+    from loopeval.serving import ModelServing, ServeCost, Spread
+
+    def side(name, loop, passes, ms, rate, batch):
+        return ModelServing(name=name, loop=loop, passes=passes, generation_flops=passes * 1e9, weight_bytes=10**9,
+                            kv_bytes_per_token=passes * 1024, state_bytes_per_sequence=0,
+                            prefill_s=Spread.of([0.05]), latency_s=Spread.of([ms / 1e3]),
+                            throughput={1: Spread.of([1e3 / ms]), batch: Spread.of([rate])}, max_batch=batch,
+                            peak_memory_bytes=1.5e9, memory_growth_per_token=passes * 1024)
+
+    served = ServeCost((side("unlooped", None, 24, 20.6, 6842, 693), side("looped", "0:8x2", 32, 25.3, 5286, 710)),
+                       {"device": "cuda", "gpu": "H100", "dtype": "bfloat16", "cache": "static"})
+    served.write(tmp_path / "serve")
+    with pytest.warns(UserWarning):
+        data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), n_resamples=300,
+                            serve_cost=[tmp_path / "serve"])
+    (row,) = data.serving
+    assert (round(row["latency"], 2), round(row["throughput"], 2), row["multiplier"]) == (1.23, 0.77, 32 / 24)
+    html = write_report(data, tmp_path / "r.html").read_text()
+    table = html[html.index('id="table-serving"'):]
+    for text in ("20.60 → 25.30", "<b>1.23</b>", "6,842 → 5,286", "<b>0.77</b>", "693 → 710", "1.50 → 1.50", "H100"):
+        assert text in table[:table.index("</table>")]
+    with pytest.raises(ValueError, match="no serve_cost.json"):
+        build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), serve_cost=[tmp_path])
+
+
+def test_wall_clock_puts_looped_points_at_their_measured_latency(runs, tmp_path):
+    """The fixture loop 1:2x2 charges c = 5/4 passes; measured at 20 -> 27.5 ms per token
+    (x1.375), each looped point of Figure 2 moves by 1.375 / 1.25 = 1.1, unlooped points stay."""
+    from loopeval.serving import ModelServing, ServeCost, Spread
+
+    def side(loop, passes, ms):
+        return ModelServing(name=loop or "unlooped", loop=loop, passes=passes, generation_flops=passes * 1e9,
+                            weight_bytes=10**9, kv_bytes_per_token=passes, state_bytes_per_sequence=0,
+                            prefill_s=Spread.of([0.05]), latency_s=Spread.of([ms / 1e3]),
+                            throughput={1: Spread.of([1e3 / ms])}, max_batch=1, peak_memory_bytes=10**9,
+                            memory_growth_per_token=passes)
+
+    ServeCost((side(None, 4, 20.0), side("1:2x2", 5, 27.5)), {"device": "cpu"}).write(tmp_path / "serve")
+    twins, looped = _pick(runs, "twin_"), _pick(runs, "looped_")
+    with pytest.warns(UserWarning):
+        charged = build_report(twins, looped, n_resamples=300)
+    with pytest.warns(UserWarning):
+        timed = build_report(twins, looped, n_resamples=300, serve_cost=[tmp_path / "serve"], wall_clock=True)
+    assert timed.wall_clock == pytest.approx(1.1)
+    for a, b in zip(charged.figure, timed.figure):
+        for p, q in zip(a["points"], b["points"]):
+            assert q["x"] == pytest.approx(p["x"] * (1.1 if a["looped"] else 1.0)) and q["y"] == p["y"]
+    assert "measured decode time" in render(timed)
+    with pytest.raises(ValueError, match="--wall-clock needs one --serve-cost measurement of the loop 1:2x2"):
+        build_report(twins, looped, wall_clock=True)
+    with pytest.raises(ValueError, match="drop --cost flops"):
+        build_report(twins, looped, serve_cost=[tmp_path / "serve"], wall_clock=True, cost="flops")

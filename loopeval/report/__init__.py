@@ -20,7 +20,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from loopeval.report import checks, evaluations, figures, tables, training
+from loopeval.report import checks, evaluations, figures, serving, tables, training
 from loopeval.report.checks import Check
 from loopeval.report.data import ReportData
 from loopeval.report.evaluations import RunSpec
@@ -44,6 +44,8 @@ def build_report(
     alpha: float = 0.05,
     margin: float = 0.02,
     training_pairs: list[tuple[str | Path, str | Path]] = (),
+    serve_cost: list[str | Path] = (),
+    wall_clock: bool = False,
     title: str | None = None,
     strict: bool = False,
     n_resamples: int = 10_000,
@@ -61,12 +63,15 @@ def build_report(
     ``alpha`` and ``margin`` (a fraction) are the tests' level and equivalence margin.
     The training section (Fig. 3 and 5) draws every twin pair whose manifests hold
     held-out curves: the evaluated checkpoints', and ``training_pairs`` of (twin, looped)
-    checkpoint folders.
+    checkpoint folders. ``serve_cost`` folders (``loopeval serve-cost --out``) add the
+    serving section (Table 10); with ``wall_clock``, Figure 2 puts the looped points at
+    their measured latency instead of their layer-pass charge.
     Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
     fairness check.
     """
     if cost not in COST_MODES:
         raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
+    served = serving.section(list(serve_cost))
     evals, extra = evaluations.classify(twin, looped, larger)
     trained = training.pairs_from_paths(list(training_pairs)) + training.pairs_from_evaluations(evals)
     groups = evaluations.group(evals)
@@ -80,6 +85,12 @@ def build_report(
                 raise
     tasks = sorted(evals[0].run.tasks)
     first_looped = next(e for e in evals if e.looped)
+    scale = None
+    if wall_clock:
+        scale = serving.wall_clock_scale(served, loop=first_looped.header.loop["loop"],
+                                         multiplier=first_looped.header.multiplier, cost=cost, larger=extra is not None)
+    figure = figures.cost_series(groups, extra, base_costs[cost], cost=cost, n_resamples=min(n_resamples, 2000),
+                                 seed=seed)
     conditions = tables.conditions(groups, extra, default_scale=default_scale, base_costs=base_costs, cost=cost,
                                    selection=selection, alpha=alpha, margin=margin, n_resamples=n_resamples, seed=seed)
     ceiling = None
@@ -98,8 +109,8 @@ def build_report(
         tasks=tasks,
         conditions=conditions,
         decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_costs=base_costs),
-        figure=figures.cost_series(groups, extra, base_costs[cost], cost=cost, n_resamples=min(n_resamples, 2000),
-                                   seed=seed),
+        figure=figure if scale is None else serving.on_wall_clock(figure, scale),
+        wall_clock=scale,
         checks=checks.fairness_checks(evals, groups),
         runs=[
             {"name": e.where.name, "path": str(e.where), "setting": evaluations.label(*e.key),
@@ -109,6 +120,7 @@ def build_report(
         ceiling=ceiling,
         training=training.section(trained),
         training_costs=training.costs(trained, evals),
+        serving=served,
         strict=strict,
         notes=[f"{c.label}, {row.task or 'macro'}: {w}" for c in conditions
                for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings]

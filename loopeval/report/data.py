@@ -37,6 +37,8 @@ class ReportData:
     ceiling: Ceiling | None = None
     training: list[dict] = field(default_factory=list)  # report.training.section: Fig. 3 and 5 per twin pair
     training_costs: list[dict] = field(default_factory=list)  # report.training.costs: blocks and seconds per method
+    serving: list[dict] = field(default_factory=list)  # report.serving.section: Table 10 rows
+    wall_clock: float | None = None  # Figure 2 on measured time: looped points x (latency ratio / c)
     strict: bool = False
     notes: list[str] = field(default_factory=list)
 

@@ -39,8 +39,9 @@ def cost_series(groups: dict, extra: Evaluation | None, base_cost: float, *, cos
     return series
 
 
-def draw_cost(series: list[dict], *, cost: str):
-    """Macro accuracy (%) against cost, 95% bars; looped filled and solid, unlooped open and dashed."""
+def draw_cost(series: list[dict], *, cost: str, wall_clock: bool = False):
+    """Macro accuracy (%) against cost, 95% bars; looped filled and solid, unlooped open and dashed.
+    ``wall_clock``: the costs are measured decode time (``report.serving.on_wall_clock``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,7 +57,7 @@ def draw_cost(series: list[dict], *, cost: str):
         bars = ax.errorbar(x, y, yerr=err, color=s["color"], linestyle="-" if s["looped"] else "--", marker="o",
                            markerfacecolor=s["color"] if s["looped"] else "white", capsize=3, label=s["name"])
         bars.lines[0].set_gid(f"series-{i}")
-    charge = "layer passes" if cost == "passes" else "FLOPs"
+    charge = "measured decode time" if wall_clock else "layer passes" if cost == "passes" else "FLOPs"
     ax.set_xlabel(f"inference cost, {charge} (× the plain twin at the default budget)")
     ax.set_ylabel("macro accuracy (%)")
     ax.grid(alpha=0.3)

@@ -50,7 +50,7 @@ def _environment(template: Path):
 
 def _figures(data: ReportData) -> dict:
     """Every figure of the report, drawn: ``cost`` always, ``training`` with training curves."""
-    drawn = {"cost": figures.draw_cost(data.figure, cost=data.cost_mode)}
+    drawn = {"cost": figures.draw_cost(data.figure, cost=data.cost_mode, wall_clock=data.wall_clock is not None)}
     if data.training:
         drawn["training"] = training.draw(data.training)
     return drawn
