@@ -254,8 +254,7 @@ def _check_sources(sources, loop, positions: int) -> None:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from loopeval.checkpoint import check_source
-    from loopeval.loop import resolve_loop
+    from loopeval.loop import check_source, resolve_loop
 
     if not sources:
         raise ValueError("serve_cost: no model given")
