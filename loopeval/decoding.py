@@ -48,17 +48,22 @@ def effective_reserve(reserve: int, *, budget: int, scale: float, rule: str = "s
     The paper states the reserve at the default budget ("512 tokens before the
     budget"); that is ``reserve``, used as is at ``scale == 1`` by both rules.
 
-    * ``"scaled"`` (default): the reserve keeps its share of the budget at every scale,
-      ``round(reserve * scale)``, and never drops below ``minimum`` (the forcing
-      string's length). A 0.5-2x sweep then runs at every budget, and every budget
-      splits thinking and answer alike; at 0.5x GSM8K (384 tokens) it is 256.
+    * ``"scaled"`` (default): the reserve is the forcing string (``minimum`` tokens) plus
+      the room left to write the answer, and that room keeps its share of the budget:
+      ``minimum + max(1, round((reserve - minimum) * scale))``. The string is never cut
+      and the answer always has room (scaling the whole reserve left a 6-token string
+      no token to answer in, at 0.5x of the demo). A 0.5-2x sweep then runs at every
+      budget; at 0.5x GSM8K (384 tokens, a 20-token string) it is 266.
     * ``"fixed"``: the same ``reserve`` tokens at every budget.
 
     Raises ``ValueError`` when the reserve leaves no token to reason with.
     """
     if rule not in RESERVE_RULES:
         raise ValueError(f"bf_reserve_rule {rule!r}: choose one of {', '.join(RESERVE_RULES)}")
-    tokens = max(minimum, round(reserve * scale)) if rule == "scaled" else reserve
+    if rule == "scaled" and reserve > minimum:
+        tokens = minimum + max(1, round((reserve - minimum) * scale))
+    else:
+        tokens = reserve if rule == "fixed" else max(minimum, reserve)
     if tokens >= budget:
         raise ValueError(f"bf_reserve={reserve} ({tokens} tokens under the {rule!r} rule at budget_scale={scale:g}) "
                          f"must be smaller than the token budget max_gen_toks={budget}")

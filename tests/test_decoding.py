@@ -214,9 +214,17 @@ def test_effective_reserve_rules():
 
     # the paper's 512 tokens at the default budget, under both rules
     assert effective_reserve(512, budget=768, scale=1.0) == effective_reserve(512, budget=768, scale=1.0, rule="fixed") == 512
-    assert effective_reserve(512, budget=384, scale=0.5) == 256  # GSM8K at 0.5x: the same share of the budget
-    assert effective_reserve(512, budget=1536, scale=2.0) == 1024
-    assert effective_reserve(12, budget=24, scale=0.5, minimum=9) == 9  # never shorter than the forcing string
+    # GSM8K at 0.5x with a 20-token string: the string, then half of the 492 tokens of answer room
+    assert effective_reserve(512, budget=384, scale=0.5, minimum=20) == 20 + 246
+    assert effective_reserve(512, budget=1536, scale=2.0, minimum=20) == 20 + 984
+    # the demo at 0.5x: a 6-token string keeps its 6 tokens, the 6 tokens of answer room become 3
+    assert effective_reserve(12, budget=24, scale=0.5, minimum=6) == 9
+    # scaling the whole reserve (12 -> 6) would have left the string no token to answer in; the
+    # answer room never drops below one token, nor the string below its length
+    for scale in (0.1, 0.25, 0.5, 0.75, 1.5, 2.0):
+        for minimum in (1, 6, 11):
+            tokens = effective_reserve(12, budget=10_000, scale=scale, minimum=minimum)
+            assert tokens - minimum >= 1 and tokens - minimum == max(1, round((12 - minimum) * scale))
     with pytest.raises(ValueError, match=r"bf_reserve=512 \(512 tokens under the 'fixed' rule at budget_scale=0.5\)"):
         effective_reserve(512, budget=384, scale=0.5, rule="fixed")
     with pytest.raises(ValueError, match="bf_reserve_rule 'half'"):

@@ -148,9 +148,11 @@ def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
         assert item.prompt_hash == samples[item.doc_id]["prompt_hash"]
         assert item.passes_per_token == 6
         assert item.flops == pytest.approx(cost.generation_flops(item.prompt_tokens, item.generated_tokens))
-        assert item.bf_reserve == 45  # the "scaled" rule: 30 reserved tokens at 1x are 45 at 1.5x
-        if not item.finished:  # a random model rarely ends: forcing fired at 60 - 45
-            assert item.forced_at == 15 and item.generated_tokens == 60
+        # the "scaled" rule: the forcing string whole, and its 30 - S tokens of answer room at 1x times 1.5
+        string = max(len(ids) for ids in lm.force_ids)
+        assert item.bf_reserve == string + round((30 - string) * 1.5)
+        if not item.finished:  # a random model rarely ends: forcing fired at 60 - reserve
+            assert item.forced_at == 60 - item.bf_reserve and item.generated_tokens == 60
             assert "The final answer is \\boxed{" in samples[item.doc_id]["resps"][0][0]
     assert any(not i.finished for i in trace.items)
     d = trace.header.decoding
@@ -353,5 +355,6 @@ def test_the_budget_forcing_sweep_runs_on_gsm8k(workdir, tmp_path):
         simple_evaluate(model=lm, tasks=["gsm8k_boxed"], task_manager=manager, apply_chat_template=True,
                         verbosity="ERROR")
         (trace,) = find_traces(out)
-        assert trace.items and all(i.bf_reserve == round(512 * scale) for i in trace.items)
+        string = max(len(ids) for ids in lm.force_ids)
+        assert trace.items and all(i.bf_reserve == string + round((512 - string) * scale) for i in trace.items)
         assert all(i.forced_at == i.max_gen_toks - i.bf_reserve for i in trace.items if not i.finished)
