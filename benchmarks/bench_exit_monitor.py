@@ -14,16 +14,13 @@ import statistics
 import time
 import timeit
 
+from train_model import add_model_args
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="steps per variant")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--hidden", type=int, default=384)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--length", type=int, default=128)
+    add_model_args(parser)
     args = parser.parse_args()
 
     import torch

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from train_model import add_model_args
+
 LOOP = "2:4x2"
 VARIANTS = {  # name -> (recipe, loop)
     "full, unlooped": ("full", None),
@@ -119,12 +121,7 @@ def child(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--hidden", type=int, default=384)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--length", type=int, default=128)
+    add_model_args(parser)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
