@@ -399,12 +399,16 @@ class _Meter:
 
 
 def _available_memory() -> int | None:
+    """The memory the kernel reports available (Linux), or ``None`` where it does not: then
+    the CPU ``auto`` search stops on throughput alone."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        text = Path("/proc/meminfo").read_text()
     except OSError:
-        pass
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
     return None
 
 

@@ -316,7 +316,7 @@ def test_mix_source_bad_input():
         LoopConfig("1:3x2", mix_source="embedding")
     with pytest.raises(ValueError, match="record_iterates: loop operator 'damped'"):
         with record_iterates(apply_loop(tiny_model("qwen3"), "1:3x2", operator="damped", beta=0.5)):
-            pass
+            raise AssertionError("record_iterates entered for a damped loop")
 
 
 # -- the scale-aware cache check ---------------------------------------------------------
