@@ -31,9 +31,12 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import platform
 import statistics
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -388,14 +391,35 @@ class _Meter:
             return peak, kept
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with _quiet_stderr():  # Kineto prints "profiler_start" to the C-level stderr, uncontrollably
+            prof.start()
+        try:
             out = self.generate(model, 1, new_tokens, return_dict_in_generate=True)
+        finally:
+            with _quiet_stderr():
+                prof.stop()
         del out
         level = peak = 0
         for event in sorted(prof.events(), key=lambda e: e.time_range.start):
             level += event.self_cpu_memory_usage  # allocations inside ops, frees as [memory] events
             peak = max(peak, level)
         return peak, level
+
+
+@contextmanager
+def _quiet_stderr():
+    """Send file descriptor 2 to /dev/null inside the block (C++ logging that Python cannot
+    silence); Python's ``sys.stderr`` is flushed first and restored after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _available_memory() -> int | None:
