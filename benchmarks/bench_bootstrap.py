@@ -21,7 +21,7 @@ import numpy as np
 import scipy
 from scipy import stats
 
-from loopeval.stats import paired_bootstrap
+from loopeval.analysis.stats import paired_bootstrap
 
 
 def scores(kind: str, benchmarks: int, items: int, seed: int = 0):

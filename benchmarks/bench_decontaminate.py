@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from loopeval.paths import tasks_path
+from loopeval.common.paths import tasks_path
 from loopeval.training.decontamination import PAPER_TEST_SETS, decontaminate
 
 SIZES = {"gsm8k_boxed": 1319, "math500_boxed": 500, "aime24_boxed": 30, "aime25_boxed": 30, "gpqa_diamond_boxed": 198}

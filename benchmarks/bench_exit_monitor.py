@@ -1,7 +1,7 @@
 """The gate-collapse monitor's overhead, side by side: one ``loop-convert`` training step
 (per-step LM heads, exit gate, smoothed exit loss, backward, AdamW) with the monitor's
 per-step work (the exit distribution summed in the loss, read to the host, recorded and
-checked by :class:`loopeval.exit_monitor.CollapseMonitor`) and without it, interleaved
+checked by :class:`loopeval.training.exit_monitor.CollapseMonitor`) and without it, interleaved
 step by step in one process; plus the monitor's own work timed alone.
 
     python benchmarks/bench_exit_monitor.py --steps 40 --threads 1
@@ -26,10 +26,10 @@ def main() -> None:
     import torch
 
     from loopeval import apply_loop
-    from loopeval.exit_gate import exit_loss_sums
-    from loopeval.exit_monitor import CollapseMonitor
-    from loopeval.loop import LoopConfig
-    from loopeval.tiny import tiny_model
+    from loopeval.core.exit_gate import exit_loss_sums
+    from loopeval.training.exit_monitor import CollapseMonitor
+    from loopeval.core.spec import LoopConfig
+    from loopeval.tools.tiny import tiny_model
     from loopeval.training.loop_convert import LoopConvertModel
 
     torch.set_num_threads(args.threads)

@@ -16,8 +16,8 @@ import time
 import torch
 
 from loopeval import apply_loop, loop_cost
-from loopeval.tiny import tiny_model
-from loopeval.unroll import unrolled_copy
+from loopeval.tools.tiny import tiny_model
+from loopeval.core.unroll import unrolled_copy
 
 
 def decode_seconds(model, ids, new_tokens: int) -> float:

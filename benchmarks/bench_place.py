@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from loopeval.cost import loop_cost
-from loopeval.placement import build_grid, place, planned_passes
-from loopeval.tiny import tiny_model, tiny_tokenizer
+from loopeval.core.cost import loop_cost
+from loopeval.tools.placement import build_grid, place, planned_passes
+from loopeval.tools.tiny import tiny_model, tiny_tokenizer
 
 WORDS = ("the quick brown fox jumps over a lazy dog and then reads five pages a day for six days so how many "
          "pages does she read in all please reason step by step put your final answer in a box").split()

@@ -1,4 +1,4 @@
-"""Time loopeval.scoring on realistic responses against the scorer before issue 10 (d9ab394).
+"""Time loopeval.evaluation.scoring on realistic responses against the scorer before issue 10 (d9ab394).
 
     python benchmarks/bench_scoring.py [--responses 10000] [--repeats 3] [--seed 0]
 
@@ -7,7 +7,7 @@ GSM8K (boxed integers, some with units or separators, some unboxed for the last-
 fallback), MATH-500 (fractions, surds, intervals, tuples, matrices, text; written as the
 reference, in an equivalent form or wrong), AIME (8 sampled answers per problem) and
 GPQA (option letters in several wrappings, a few hedges), each after a few sentences of
-reasoning. The old scorer is ``git show d9ab394:loopeval/scoring.py`` loaded from a temp
+reasoning. The old scorer is ``git show d9ab394:loopeval/evaluation/scoring.py`` loaded from a temp
 file; both score every response in the main thread (math-verify's time-outs on), passes
 interleaved, median of ``--repeats``. Prints a Markdown table, the verdicts that differ,
 and the machine.
@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from loopeval import scoring
+from loopeval.evaluation import scoring
 
 OLD_COMMIT = "d9ab394"
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def responses(n: int, seed: int) -> list[tuple[str, str, dict]]:
 
 
 def old_scorer():
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:loopeval/scoring.py"], cwd=REPO, check=True,
+    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:loopeval/evaluation/scoring.py"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / f"scoring_{OLD_COMMIT}.py"
     path.write_text(source)

@@ -2,7 +2,7 @@
 
 The model of bench_loop_decode.py: a random Qwen3, 8 layers, hidden 1024, vocab 4096,
 looped 2:6x2 (c = 1.5), against its own unlooped self, measured by
-``loopeval.serving.serve_cost`` once per cache implementation (each run interleaves the
+``loopeval.evaluation.serving.serve_cost`` once per cache implementation (each run interleaves the
 two models). Targets with the dynamic cache: latency ratio <= 1.05 c, throughput ratio
 >= 0.95 / c.
 
@@ -18,8 +18,8 @@ import argparse
 
 import torch
 
-from loopeval.serving import serve_cost
-from loopeval.tiny import tiny_model
+from loopeval.evaluation.serving import serve_cost
+from loopeval.tools.tiny import tiny_model
 
 
 def main() -> None:

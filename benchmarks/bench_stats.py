@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from loopeval.stats import Resampler, paired_bootstrap
+from loopeval.analysis.stats import Resampler, paired_bootstrap
 
 
 def best_time(fn, repeats: int) -> str:

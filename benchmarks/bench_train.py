@@ -42,7 +42,7 @@ def setup(root: Path, args) -> None:
     import random
 
     from loopeval import save_model
-    from loopeval.tiny import tiny_model, tiny_tokenizer
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     model = tiny_model("qwen3", vocab_size=args.vocab, num_layers=args.layers, hidden=args.hidden)

@@ -31,7 +31,7 @@ VARIANTS = {  # name -> (loop, TrainConfig options)
 
 def setup(root: Path, args) -> None:
     from loopeval import save_model
-    from loopeval.tiny import tiny_model, tiny_tokenizer
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
 
     save_model(tiny_model("qwen3", vocab_size=args.vocab, num_layers=8, hidden=args.hidden), tiny_tokenizer(),
                root / "base")

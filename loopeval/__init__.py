@@ -10,28 +10,28 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # loop a model
-    "LoopSpec": "loopeval.loop",
-    "apply_loop": "loopeval.loop",
-    "remove_loop": "loopeval.loop",
-    "loop_config": "loopeval.loop",
-    "load_model": "loopeval.checkpoint",
-    "save_model": "loopeval.checkpoint",
-    "loop_cost": "loopeval.cost",
-    "check_cache": "loopeval.cache_check",
+    "LoopSpec": "loopeval.core.loop",
+    "apply_loop": "loopeval.core.loop",
+    "remove_loop": "loopeval.core.loop",
+    "loop_config": "loopeval.core.loop",
+    "load_model": "loopeval.core.checkpoint",
+    "save_model": "loopeval.core.checkpoint",
+    "loop_cost": "loopeval.core.cost",
+    "check_cache": "loopeval.core.cache_check",
     # train twins
     "TrainConfig": "loopeval.training",
     "train_twins": "loopeval.training",
     # compare evaluations (baseline first)
-    "load_run": "loopeval.runs",
-    "pair_runs": "loopeval.runs",
-    "compare": "loopeval.protocol",
-    "delta_param": "loopeval.protocol",
-    "delta_flop": "loopeval.protocol",
-    "verdict": "loopeval.protocol",
+    "load_run": "loopeval.analysis.runs",
+    "pair_runs": "loopeval.analysis.runs",
+    "compare": "loopeval.analysis.protocol",
+    "delta_param": "loopeval.analysis.protocol",
+    "delta_flop": "loopeval.analysis.protocol",
+    "verdict": "loopeval.analysis.protocol",
     # report
-    "build_report": "loopeval.report",
-    "write_report": "loopeval.report",
-    "render": "loopeval.report",
+    "build_report": "loopeval.analysis.report",
+    "write_report": "loopeval.analysis.report",
+    "render": "loopeval.analysis.report",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from loopeval.manifest import RECIPES
+from loopeval.training.manifest import RECIPES
 
 
 def _add_check_cache(sub) -> None:
@@ -28,7 +28,7 @@ def _add_check_cache(sub) -> None:
 
 
 def _check_cache(args) -> int:
-    from loopeval.cache_check import run_check_cache_cli
+    from loopeval.core.cache_check import run_check_cache_cli
 
     return run_check_cache_cli(args)
 
@@ -51,7 +51,7 @@ def _add_score_audit(sub) -> None:
 def _score_audit(args) -> int:
     import json
 
-    from loopeval.score_audit import score_audit
+    from loopeval.analysis.score_audit import score_audit
 
     audit = score_audit(args.run, tasks=args.tasks)
     print(json.dumps(audit.as_dict(), indent=2) if args.json else audit.to_text())
@@ -64,7 +64,7 @@ def _add_tasks_path(sub) -> None:
 
 
 def _tasks_path(args) -> int:
-    from loopeval.paths import tasks_path
+    from loopeval.common.paths import tasks_path
 
     print(tasks_path())
     return 0
@@ -99,7 +99,7 @@ def _add_compare(sub) -> None:
 
 
 def _load_two(args, **options):
-    from loopeval.runs import load_run, pair_runs
+    from loopeval.analysis.runs import load_run, pair_runs
 
     runs = {role: load_run(path, metric=args.metric, tasks=args.tasks, **options)
             for role, path in (("baseline", args.baseline), ("candidate", args.candidate))}
@@ -109,9 +109,9 @@ def _load_two(args, **options):
 def _compare(args) -> int:
     import json
 
-    from loopeval import console
-    from loopeval.protocol import compare
-    from loopeval.runs import decoding_differences
+    from loopeval.common import console
+    from loopeval.analysis.protocol import compare
+    from loopeval.analysis.runs import decoding_differences
 
     runs, paired = _load_two(args, cluster_field=args.cluster_field)
     for diff in decoding_differences(runs["baseline"], runs["candidate"]):
@@ -169,8 +169,8 @@ def _power(args) -> int:
     import json
     from dataclasses import asdict
 
-    from loopeval import console
-    from loopeval.stats import power
+    from loopeval.common import console
+    from loopeval.analysis.stats import power
 
     runs, paired = _load_two(args)
     a, b = paired.scores["baseline"], paired.scores["candidate"]
@@ -293,7 +293,7 @@ def _train(args) -> int:
 
     from accelerate import PartialState
 
-    from loopeval.manifest import twin_mismatches
+    from loopeval.training.manifest import twin_mismatches
     from loopeval.training.config import TrainConfig
     from loopeval.training.runner import LOOPED, TWIN
     from loopeval.training.twins import train_model, train_twins
@@ -324,7 +324,7 @@ def _train(args) -> int:
               f"{m['train_time_s']:.1f} s training" + (f", stopped by {m['budget']['stopped_by']} after "
                                                        f"{m['budget']['steps_run']} step(s)" if m['budget']['stopped_by'] else ""))
         if m.get("exit"):
-            from loopeval.exit_monitor import collapse_notes
+            from loopeval.training.exit_monitor import collapse_notes
 
             last = ", ".join(f"{x:.3f}" for x in m["exit"]["p"][-1])
             print(f"        exit distribution at the last step: p = [{last}]; mix w = {m['mix']['weight']:.5f}; "
@@ -434,8 +434,8 @@ def _add_place(sub) -> None:
 
 
 def _place(args) -> int:
-    from loopeval.placement import place
-    from loopeval.placement.report import format_correlations, format_table
+    from loopeval.tools.placement import place
+    from loopeval.tools.placement.report import format_correlations, format_table
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "model", "data", "out", "top")}
     if "correlate" in options:
@@ -480,7 +480,7 @@ def _add_serve_cost(sub) -> None:
 
 
 def _serve_cost(args) -> int:
-    from loopeval.serving import serve_cost
+    from loopeval.evaluation.serving import serve_cost
 
     result = serve_cost(args.model, loop=args.loop, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile, cache=args.cache,
@@ -544,9 +544,9 @@ def _assignments(pairs: list[str], flag: str, convert) -> dict[str, object]:
 def _report(args) -> int:
     from pathlib import Path
 
-    from loopeval.args import as_int, as_text
-    from loopeval.paths import reports_path
-    from loopeval.report import RunSpec, build_report, check_output, write_report
+    from loopeval.common.args import as_int, as_text
+    from loopeval.common.paths import reports_path
+    from loopeval.analysis.report import RunSpec, build_report, check_output, write_report
 
     out = check_output(args.out)  # before any work
     if args.json:
@@ -602,7 +602,7 @@ def _add_protocol(sub) -> None:
 
 
 def _protocol(args) -> int:
-    from loopeval.study import run_study
+    from loopeval.tools.study import run_study
 
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
     result = run_study(args.study, dry_run=args.dry_run, only=args.only, report_only=args.report_only,
@@ -630,7 +630,7 @@ def _add_demo(sub) -> None:
 
 
 def _demo(args) -> int:
-    from loopeval.demo import run_demo
+    from loopeval.tools.demo import run_demo
 
     run_demo(args.out, size=args.size, seed=args.seed, recipe=args.recipe)
     return 0

@@ -14,7 +14,7 @@ alone costs milliseconds.
 import sys
 
 TARGET = "lm_eval.models"
-PLACEHOLDER = "loopeval.model_adapters.looped:LoopedLM"
+PLACEHOLDER = "loopeval.evaluation.model_adapters.looped:LoopedLM"
 
 
 def register(module=None) -> None:

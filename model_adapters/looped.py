@@ -28,17 +28,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
-from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from transformers import LogitsProcessorList
 
 import loopeval
-from loopeval.args import as_bool, as_choice, as_float, as_int, as_text
-from loopeval.cache_check import check_cache as run_cache_check
-from loopeval.checkpoint import weights_fingerprint
-from loopeval.loop import check_source
-from loopeval.cost import loop_cost
-from loopeval.decoding import (
+from loopeval.common.args import as_bool, as_choice, as_float, as_int, as_text
+from loopeval.core.cache_check import check_cache as run_cache_check
+from loopeval.core.checkpoint import weights_fingerprint
+from loopeval.core.loop import check_source
+from loopeval.core.cost import loop_cost
+from loopeval.evaluation.decoding import (
     DEFAULT_RESERVE,
     RESERVE_RULES,
     THINK_CLOSE,
@@ -51,10 +50,11 @@ from loopeval.decoding import (
     forcing_tokens,
     scaled_budget,
 )
-from loopeval.loop import MIX_SOURCES, OPERATORS, apply_loop, loop_config, resolve_loop
-from loopeval.responses import ResponseStore, request_key
-from loopeval.serving import CACHES, check_compile_backend, generation_options
-from loopeval.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter, prompt_hash
+from loopeval.core.loop import apply_loop, loop_config, resolve_loop
+from loopeval.core.spec import MIX_SOURCES, OPERATORS
+from loopeval.evaluation.responses import ResponseStore, request_key
+from loopeval.evaluation.serving import CACHES, check_compile_backend, generation_options
+from loopeval.evaluation.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter, prompt_hash
 
 
 @dataclass(frozen=True)
@@ -64,21 +64,21 @@ class LoopedArgs:
     ``loop``, ``loop_operator``, ``loop_beta``, ``loop_mix``, ``loop_mix_source``: a
     loop to apply (a checkpoint written by ``loopeval.save_model`` brings its own).
     ``exit_after``: run the loop's first k steps and read the output there (004's
-    fixed exit; :meth:`loopeval.loop.LoopConfig.exit_after`), exactly cached and
+    fixed exit; :meth:`loopeval.core.loop.LoopConfig.exit_after`), exactly cached and
     charged as k steps. ``check_cache``:
     check cached looped decoding against full recomputation on the first batch.
     ``budget_forcing``, ``bf_reserve`` (tokens at the default budget, the paper's 512),
     ``bf_reserve_rule`` (how the reserve follows ``budget_scale``: ``scaled`` or
-    ``fixed``, :func:`loopeval.decoding.effective_reserve`), ``bf_string`` (auto:
+    ``fixed``, :func:`loopeval.evaluation.decoding.effective_reserve`), ``bf_string`` (auto:
     ``DEFAULT_THINK_STRING`` in an open thinking block, ``DEFAULT_ANSWER_STRING``
     otherwise), ``bf_when_answered`` (``skip`` rows that already boxed an answer, or
     ``force`` them). ``repetition_stop``: the same insertion when the output repeats a
     period of 4-256 tokens three times. ``budget_scale``: multiplies every task's
     ``max_gen_toks``. ``trace``: a folder for the per-item cost trace. ``resume_dir``:
-    a folder of finished generations; a rerun serves them (:mod:`loopeval.responses`).
+    a folder of finished generations; a rerun serves them (:mod:`loopeval.evaluation.responses`).
     ``cache_implementation`` (``dynamic`` or ``static``) and ``compile`` (the decode step
     under ``torch.compile``, which needs ``static``) are passed to ``generate``
-    (:func:`loopeval.serving.generation_options`); they change speed, not outputs, so the
+    (:func:`loopeval.evaluation.serving.generation_options`); they change speed, not outputs, so the
     trace records them beside, not among, the shared decoding settings.
     """
 
@@ -167,7 +167,6 @@ def _opens_thinking(context: str) -> bool:
     return context.rfind(THINK_OPEN) > context.rfind(THINK_CLOSE)
 
 
-@register_model("looped")
 class LoopedLM(HFLM):
     """``HFLM`` with a loop, decoding rules and a per-item trace (see the module docstring)."""
 

@@ -6,14 +6,14 @@ one ``process_results`` serve every task:
 - generative tasks: ``query`` (the text before the instruction) and ``gold`` (the reference);
 - letter-logit tasks: ``query``, ``options`` (option texts) and ``gold`` (the option index).
 
-All answer extraction and comparison is :mod:`loopeval.scoring`.
+All answer extraction and comparison is :mod:`loopeval.evaluation.scoring`.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from loopeval import scoring
+from loopeval.evaluation import scoring
 
 LETTERS = "ABCDEFGHIJ"
 GPQA_ANSWERS = ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")

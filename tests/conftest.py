@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from loopeval.tiny import tiny_tokenizer
+    from loopeval.tools.tiny import tiny_tokenizer
 
     return tiny_tokenizer()
 
@@ -57,14 +57,3 @@ def write_generate_task(folder, name: str, rows: list[dict], *, max_gen_toks: in
         "generation_kwargs": {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False},
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
     }))
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models: on the shared 2-core machine a second thread costs far more than it saves."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

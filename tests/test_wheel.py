@@ -30,9 +30,9 @@ def test_wheel_carries_the_task_folder(wheel):
     shipped = sorted(n.removeprefix("loopeval/tasks/") for n in names if n.startswith("loopeval/tasks/"))
     assert shipped == TASK_FILES
     assert {"utils.py", "_boxed_template_yaml", "_letter_template_yaml", "loop_core.yaml"} <= set(shipped)
-    assert "loopeval/scoring.py" in names
+    assert "loopeval/evaluation/scoring.py" in names
     # the lm-eval adapter installs inside loopeval; nothing claims a generic top-level name
-    assert {"loopeval/model_adapters/looped.py", "loopeval/model_adapters/_register.py", "loopeval-lm-eval.pth"} <= set(names)
+    assert {"loopeval/evaluation/model_adapters/looped.py", "loopeval/evaluation/model_adapters/_register.py", "loopeval-lm-eval.pth"} <= set(names)
     assert {n.split("/")[0] for n in names if "/" in n} == {"loopeval", wheel.name.split("-py")[0] + ".dist-info"}
 
 
@@ -56,13 +56,13 @@ def test_installed_wheel_serves_tasks_to_lm_eval(wheel, tmp_path):
     names = "gsm8k_boxed,math500_boxed,aime24_boxed_think,gpqa_diamond_boxed,mmlu_pro_2k,loop_core,loop_full_think"
     assert "All tasks found and valid" in run("-m", "lm_eval", "validate", "--tasks", names, "--include_path", include)
 
-    # lm-eval imports utils.py beside the YAML, and utils.py the installed loopeval.scoring.
+    # lm-eval imports utils.py beside the YAML, and utils.py the installed loopeval.evaluation.scoring.
     probe = f"""
 from lm_eval.tasks._yaml_loader import load_yaml
-import loopeval.scoring
+import loopeval.evaluation.scoring
 config = load_yaml({include!r} + "/gsm8k_boxed.yaml")
 score = config["process_results"]({{"gold": "72"}}, ["so \\\\boxed{{72}}"])
-print(loopeval.scoring.__file__, score["acc"], score["extracted"])
+print(loopeval.evaluation.scoring.__file__, score["acc"], score["extracted"])
 """
     scoring_file, acc, extracted = run("-c", probe).split()
     assert Path(scoring_file) == site / "loopeval" / "scoring.py"

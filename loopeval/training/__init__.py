@@ -10,7 +10,7 @@ recipe (companion paper 002), decontamination (A.4) and the token exchange rate 
 * :mod:`~loopeval.training.runner`: the step loop under ``accelerate``;
 * :mod:`~loopeval.training.twins`: ``train_model`` and ``train_twins``.
 
-Manifests (:mod:`loopeval.manifest`) and the exchange rate (:mod:`loopeval.exchange`)
+Manifests (:mod:`loopeval.training.manifest`) and the exchange rate (:mod:`loopeval.training.exchange`)
 live outside this package, torch-free, so the report never imports training code; they
 are re-exported here. Imports are lazy: ``import loopeval.training`` loads no torch.
 """
@@ -19,7 +19,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "TrainConfig": "loopeval.training.config",
-    "RECIPES": "loopeval.manifest",
+    "RECIPES": "loopeval.training.manifest",
     "train_model": "loopeval.training.twins",
     "train_twins": "loopeval.training.twins",
     "TrainResult": "loopeval.training.runner",
@@ -27,10 +27,10 @@ _EXPORTS = {
     "batch_order": "loopeval.training.data",
     "weights_sha256": "loopeval.training.hashing",
     "decontaminate": "loopeval.training.decontamination",
-    "read_manifest": "loopeval.manifest",
-    "twin_mismatches": "loopeval.manifest",
-    "exchange_rate": "loopeval.exchange",
-    "training_curves": "loopeval.exchange",
+    "read_manifest": "loopeval.training.manifest",
+    "twin_mismatches": "loopeval.training.manifest",
+    "exchange_rate": "loopeval.training.exchange",
+    "training_curves": "loopeval.training.exchange",
 }
 
 __all__ = sorted(_EXPORTS)

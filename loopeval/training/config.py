@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from loopeval.exit_monitor import COLLAPSE_PATIENCE, COLLAPSE_THRESHOLD
-from loopeval.manifest import RECIPES
+from loopeval.training.exit_monitor import COLLAPSE_PATIENCE, COLLAPSE_THRESHOLD
+from loopeval.training.manifest import RECIPES
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -73,7 +73,7 @@ class TrainConfig:
     H(p)`` with ``beta = exit_beta`` ("entropy coefficient beta = 0.15") and ``eps =
     exit_smoothing`` ("we additionally smooth the exit-weighted LM loss with eps =
     0.05"). The gate-collapse monitor warns when ``p_0 > collapse_threshold`` for more
-    than ``collapse_patience`` consecutive steps (:mod:`loopeval.exit_monitor`).
+    than ``collapse_patience`` consecutive steps (:mod:`loopeval.training.exit_monitor`).
 
     ``joint`` (companion paper 002, "One Model, Two Paths"): the single pass and the
     looped output of one model, ``single_weight * CE_single + loop_weight * CE_loop``

@@ -96,7 +96,7 @@ def eval_documents(tasks: Sequence[str], *, include_path: str | Path | Sequence[
     tasks), found in loopeval's tasks, then ``include_path``, then lm-eval's own."""
     from lm_eval.tasks import TaskManager
 
-    from loopeval.paths import tasks_path
+    from loopeval.common.paths import tasks_path
 
     if isinstance(tasks, str) or not tasks:
         raise ValueError(f"tasks {tasks!r}: give a non-empty list of lm-eval task or group names")

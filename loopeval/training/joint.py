@@ -62,8 +62,7 @@ from contextlib import nullcontext
 
 import torch
 
-from loopeval.loop import (apply_loop, decoder_layers, loop_config, loop_disabled, loop_hooks_paused, remove_loop,
-                           whole_layer)
+from loopeval.core.loop import apply_loop, decoder_layers, loop_config, loop_disabled, loop_hooks_paused, remove_loop, whole_layer
 from loopeval.training.objectives import kl_and_nll_sums, nll_sum
 from loopeval.training.recipes import Forwards, Recipe
 

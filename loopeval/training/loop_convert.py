@@ -16,12 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loopeval.exit_gate import ExitGate, attach_gate, gate_parameters
-from loopeval.loop import LoopConfig, record_iterates, set_learned_mix, store_mix
+from loopeval.core.exit_gate import ExitGate, attach_gate, gate_parameters
+from loopeval.core.loop import record_iterates, set_learned_mix, store_mix
+from loopeval.core.spec import LoopConfig
 
 MIX_SOURCE = "embedding"
 """004 Eq. 1: "Let e denote the token embedding ... z_t = w e + (1 - w) h_{t-1}". For the
 whole-decoder loop the recipe requires, the window's input is that embedding."""
+OPERATOR = "repeat"
+"""The recipe's operator, used when none is given: 004's steps are plain repeats ("h_t = B(z_t)")."""
 
 
 def check_loop(loop: LoopConfig, num_layers: int) -> None:
@@ -40,9 +43,9 @@ def check_loop(loop: LoopConfig, num_layers: int) -> None:
                          f"exit gate after a partial window would need the layers after it run once per step. Use {whole}")
     if w.times < 2:
         raise ValueError(f"recipe loop-convert: loop {spec} runs once; an exit gate needs K >= 2 steps")
-    if loop.operator != "repeat":
+    if loop.operator != OPERATOR:
         raise ValueError(f"recipe loop-convert: loop operator {loop.operator!r}; 004's steps are plain repeats "
-                         "(h_t = B(z_t)), use operator 'repeat'")
+                         f"(h_t = B(z_t)), use operator {OPERATOR!r}")
     if loop.mix is not None:
         raise ValueError(f"recipe loop-convert: a fixed mix={loop.mix:g} was given; the recipe learns the mix logit, "
                          "set its initial value with mix_init (--mix-init, default 4.6)")
@@ -60,7 +63,7 @@ def added_parameters(model: nn.Module) -> int:
 
 class LoopConvertModel(nn.Module):
     """The trainable module: the looped ``model``, its exit gate and its mix logit ``a``
-    (an ``nn.Parameter``, used by the loop through :func:`loopeval.loop.set_learned_mix`).
+    (an ``nn.Parameter``, used by the loop through :func:`loopeval.core.loop.set_learned_mix`).
 
     ``forward(input_ids, attention_mask, labels=None)`` is the model's forward; with
     ``labels`` it also returns, for the target tokens, every step's next-token NLL and

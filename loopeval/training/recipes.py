@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loopeval.loop import LoopConfig, decoder_layers, loop_disabled
+from loopeval.core.loop import decoder_layers, loop_disabled
+from loopeval.core.spec import LoopConfig
+from loopeval.training import loop_convert
 from loopeval.training.config import ALL_LINEAR, TrainConfig, format_passes
 from loopeval.training.hashing import weights_sha256
 from loopeval.training.objectives import kl_and_nll_sums, nll_sum
@@ -127,7 +129,7 @@ class Convert(Recipe):
 
     The adapters go on the looped model, so every pass uses them. The teacher is the
     unmodified base model computed by the same weights: adapters disabled (PEFT) and
-    the loop switched off (:func:`loopeval.loop.loop_disabled`), in eval mode, without
+    the loop switched off (:func:`loopeval.core.loop.loop_disabled`), in eval mode, without
     gradients. The twin runs the same recipe without the loop: the same data order,
     LoRA initialisation (seeded by ``seed``) and teacher.
     """
@@ -232,7 +234,7 @@ class LoopConvert(Recipe):
     name = "loop-convert"
 
     def preflight(self, base, *, heldout) -> None:
-        from loopeval.loop import count_layers
+        from loopeval.core.loop import count_layers
         from loopeval.training.loop_convert import check_loop, initial_loop
 
         if self.loop is not None:
@@ -242,7 +244,7 @@ class LoopConvert(Recipe):
     def prepare(self, model):
         if self.loop is None:
             return model
-        from loopeval.exit_monitor import CollapseMonitor
+        from loopeval.training.exit_monitor import CollapseMonitor
         from loopeval.training.loop_convert import LoopConvertModel, added_parameters
 
         c = self.config
@@ -255,7 +257,7 @@ class LoopConvert(Recipe):
     def losses(self, model, batch):
         if self.loop is None:
             return super().losses(model, batch)
-        from loopeval.exit_gate import exit_loss_sums
+        from loopeval.core.exit_gate import exit_loss_sums
 
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         sums = exit_loss_sums(out["step_nll"], out["halt"], beta=self.config.exit_beta,
@@ -287,8 +289,8 @@ class LoopConvert(Recipe):
     def record(self) -> dict:
         if self.loop is None:
             return {}
-        from loopeval.exit_monitor import collapse_episodes
-        from loopeval.loop import mix_weight
+        from loopeval.training.exit_monitor import collapse_episodes
+        from loopeval.core.loop import mix_weight
 
         c = self.config
         trained = float(self.module.mix.detach())
@@ -305,6 +307,10 @@ def recipe_classes() -> dict[str, type[Recipe]]:
     from loopeval.training.joint import Joint
 
     return {cls.name: cls for cls in (Full, Convert, ContinuedPretraining, Joint, LoopConvert)}
+
+
+RECIPE_OPERATORS = {"loop-convert": loop_convert.OPERATOR}
+"""Recipes whose paper fixes the loop operator: it is used when none is given (and the recipe checks it)."""
 
 
 def make_recipe(config: TrainConfig, loop: LoopConfig | None) -> Recipe:

@@ -24,10 +24,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from loopeval.checkpoint import load_model, save_model
-from loopeval.cost import loop_cost
-from loopeval.loop import LoopConfig, apply_loop, loop_passes
-from loopeval.manifest import MANIFEST_FORMAT, MANIFEST_NAME
+from loopeval.core.checkpoint import load_model, save_model
+from loopeval.core.cost import loop_cost
+from loopeval.core.loop import apply_loop, loop_passes
+from loopeval.core.spec import LoopConfig
+from loopeval.training.manifest import MANIFEST_FORMAT, MANIFEST_NAME
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, batch_order, collate, update_batch_hash
 from loopeval.training.hashing import weights_sha256

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loopeval.loop import LoopConfig, LoopSpec, resolve_loop
+from loopeval.core.loop import resolve_loop
+from loopeval.core.spec import LoopConfig, LoopSpec
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
-from loopeval.training.recipes import Recipe, make_recipe
+from loopeval.training.recipes import RECIPE_OPERATORS, Recipe, make_recipe
 from loopeval.training.runner import LOOPED, TWIN, TrainResult, check_first_step, train_one
 
 
@@ -24,16 +25,19 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise ValueError(f"output folder {out} exists and is not empty; choose another or pass overwrite=True (--overwrite)")
 
 
-def _resolve(base: str | Path, loop, operator: str, beta: float, mix: float | None,
-             mix_source: str | None) -> LoopConfig | None:
+def _resolve(base: str | Path, loop, recipe: str, options: dict) -> LoopConfig | None:
     """The loop to train (``None``: the twin), checked against ``base`` before weights load.
-    Twins start from an unlooped checkpoint, so a looped base is refused."""
+    Twins start from an unlooped checkpoint, so a looped base is refused. A recipe that
+    fixes its operator (:data:`loopeval.training.recipes.RECIPE_OPERATORS`) gives the
+    operator when none is given."""
     stored = resolve_loop(base)
     if stored is not None:
         raise ValueError(f"base checkpoint {base} is looped ({stored.spec}); twins start from an unlooped checkpoint")
     if loop is None:
         return None
-    return resolve_loop(base, loop, operator=operator, beta=beta, mix=mix, mix_source=mix_source)
+    if options.get("operator") is None and recipe in RECIPE_OPERATORS:
+        options = {**options, "operator": RECIPE_OPERATORS[recipe]}
+    return resolve_loop(base, loop, **options)
 
 
 def _prepare(base, data, heldout, loops: list[LoopConfig | None], config: TrainConfig,
@@ -59,12 +63,12 @@ def _prepare(base, data, heldout, loops: list[LoopConfig | None], config: TrainC
 
 
 def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: str | LoopSpec | None = None,
-                operator: str = "repeat", beta: float = 0.0, mix: float | None = None, mix_source: str | None = None,
                 config: TrainConfig | None = None, heldout: str | Path | None = None, accelerator=None,
-                overwrite: bool = False, progress: bool = True, keep_adapters: bool = False) -> TrainResult:
+                overwrite: bool = False, progress: bool = True, keep_adapters: bool = False,
+                **loop_options) -> TrainResult:
     """Train the unlooped checkpoint ``base`` on the JSONL file ``data`` by
-    ``config.recipe``, looped iff ``loop`` (a spec; ``operator``, ``beta`` and the fixed
-    ``mix`` logit and its ``mix_source`` as in ``apply_loop``), and save it with its
+    ``config.recipe``, looped iff ``loop`` (a spec with the loop options ``operator``, ``beta``,
+    ``mix``, ``mix_source`` as in ``apply_loop``), and save it with its
     manifest to ``out``. The recipe sets where its loop starts (``loop-convert``: the
     mix logit at ``mix_init``, learned), and that loop is the one trained and recorded.
 
@@ -76,16 +80,16 @@ def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: st
     config = config or TrainConfig()
     out = Path(out)
     _check_out(out, overwrite)
-    looped = _resolve(base, loop, operator, beta, mix, mix_source)
+    looped = _resolve(base, loop, config.recipe, loop_options)
     (recipe,), rows, held = _prepare(base, data, heldout, [looped], config, keep_adapters)
     return train_one(base, rows, held, recipe.loop, out, config, recipe, accelerator=accelerator, progress=progress,
                      keep_adapters=keep_adapters)
 
 
-def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out: str | Path, operator: str = "repeat",
-                beta: float = 0.0, mix: float | None = None, mix_source: str | None = None,
+def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out: str | Path,
                 config: TrainConfig | None = None, heldout: str | Path | None = None, accelerator=None,
-                overwrite: bool = False, progress: bool = True, keep_adapters: bool = False) -> tuple[TrainResult, TrainResult]:
+                overwrite: bool = False, progress: bool = True, keep_adapters: bool = False,
+                **loop_options) -> tuple[TrainResult, TrainResult]:
     """Train the unlooped twin into ``out/twin`` and the looped model into ``out/looped``,
     each from a fresh load of ``base``, by the same recipe on the same tokenised rows
     and batches (options as in :func:`train_model`). Returns ``(twin, looped)``.
@@ -94,7 +98,7 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     out = Path(out)
     for sub in (TWIN, LOOPED):
         _check_out(out / sub, overwrite)
-    looped = _resolve(base, loop, operator, beta, mix, mix_source)
+    looped = _resolve(base, loop, config.recipe, loop_options)
     if looped is None:
         raise ValueError("train_twins needs a loop; train_model(..., loop=None) trains a twin alone")
     (twin_recipe, looped_recipe), rows, held = _prepare(base, data, heldout, [None, looped], config, keep_adapters)

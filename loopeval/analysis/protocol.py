@@ -1,0 +1,529 @@
+"""The two tests of the paper (Section 3, Appendix A.5, B.2) on lm-eval runs.
+
+* :func:`compare`: a paired comparison of two systems per task and on the macro, all
+  from one set of shared resamples: accuracies, difference, interval, p-value (and
+  its Holm adjustment over the tasks), McNemar p (0/1 single-seed tasks), TOST within
+  ±2 points, per-seed differences and small-sample warnings.
+* :func:`delta_param`: the looped model against its identically trained twin; a
+  training-free loop is decided by exact McNemar tests (Table 2's ‡).
+* :func:`delta_flop`: each looped evaluation (one per token budget) against the best
+  cheaper unlooped evaluation, Holm-corrected over the budgets, with costs charged as
+  layer passes (the paper's rule) or FLOPs; the same-budget twin is compared as well.
+* :func:`finished_both`: accuracy on the items both models finish (§B.1).
+* :func:`verdict`: which test passes, and the sentences that say so. ΔFLOP only counts
+  once Δparam passes.
+
+Every comparison takes the baseline first: ``compare(paired, baseline, candidate)``,
+``delta_param(twin, looped)``, ``delta_flop(unlooped, looped)``.
+
+An outcome is "better" or "worse" when the deciding two-sided p-value (Holm-adjusted
+where a family is tested) is below ``alpha``, else "equivalent" when TOST passes, else
+"inconclusive". Results are frozen dataclasses holding every number (fractions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from loopeval.analysis.runs import PairedRuns, Run, pair_runs
+from loopeval.analysis.stats import (
+    BestCheaperResult,
+    best_cheaper_bootstrap,
+    ConfidenceInterval,
+    Resampler,
+    SeedSummary,
+    family_level,
+    holm,
+    mcnemar,
+    seed_summary,
+)
+from loopeval.analysis.stats.display import points, pvalue as show_p
+from loopeval.analysis.stats.units import fraction
+from loopeval.analysis.stats.options import COST_MODES, DEFAULTS, SELECTIONS
+
+RunLike = Run | Sequence[Run]
+TESTS = ("auto", "bootstrap", "mcnemar")
+SMALL_N = 100  # items
+SMALL_DISCORDANT = 30  # items on which the two sides disagree (0/1 scores)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate against baseline on one task, or on the macro over tasks (``task=None``).
+
+    ``pvalue`` is the paired bootstrap's; ``decided_by`` names the test whose p decided
+    ``outcome`` (``pvalue_decisive``). ``pvalue_holm`` adjusts a task's deciding p over
+    the tasks of its comparison (Table 8); ``None`` on the macro. ``warnings`` flag a
+    sample too small for the bootstrap p to be trusted.
+    """
+
+    task: str | None
+    baseline: str
+    candidate: str
+    n: int
+    baseline_accuracy: float
+    candidate_accuracy: float
+    delta: float
+    ci: ConfidenceInterval
+    confidence: float
+    pvalue: float
+    mcnemar_pvalue: float | None
+    discordant: int | None
+    equivalent: bool
+    equivalence_ci: ConfidenceInterval
+    equivalence_pvalue: float
+    decided_by: str
+    pvalue_decisive: float
+    pvalue_holm: float | None
+    outcome: str
+    warnings: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        """The JSON row of ``loopeval compare --json``."""
+        return {
+            "n": self.n,
+            "baseline": self.baseline_accuracy,
+            "candidate": self.candidate_accuracy,
+            "delta": self.delta,
+            "ci": list(self.ci),
+            "confidence": self.confidence,
+            "pvalue": self.pvalue,
+            "pvalue_holm": self.pvalue_holm,
+            "mcnemar_pvalue": self.mcnemar_pvalue,
+            "decided_by": self.decided_by,
+            "outcome": self.outcome,
+            "equivalent": self.equivalent,
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
+class SeedComparison:
+    """The macro difference of one pair of training-seed runs, with its own bootstrap."""
+
+    index: int  # position of the seed run on both sides
+    delta: float
+    ci: ConfidenceInterval
+    pvalue: float
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """A comparison per task and on the macro. ``seeds`` counts the seed runs favouring
+    the candidate and ``per_seed`` compares each pair of seed runs (both ``None`` when the
+    sides have different numbers of seed runs; ``per_seed`` also with a single seed)."""
+
+    baseline: str
+    candidate: str
+    tasks: Mapping[str, Comparison]
+    macro: Comparison
+    seeds: SeedSummary | None
+    per_seed: tuple[SeedComparison, ...] | None
+    test: str
+    confidence: float
+    family: tuple[int, str] | None
+    margin: float
+    alpha: float
+    n_resamples: int
+    bootstrap_seed: int
+
+
+def _outcome(delta: float, pvalue: float, equivalent: bool, alpha: float) -> str:
+    if pvalue < alpha:
+        return "better" if delta > 0 else "worse"
+    return "equivalent" if equivalent else "inconclusive"
+
+
+def _check_options(confidence: float, margin: float, alpha: float) -> None:
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
+    fraction("margin", margin, closed=False)
+    family_level(confidence)
+
+
+def compare(paired: PairedRuns, baseline: str, candidate: str, *, resampler: Resampler | None = None,
+            confidence: float = DEFAULTS.confidence, family: tuple[int, str] | None = None, margin: float = DEFAULTS.margin,
+            alpha: float = DEFAULTS.alpha, test: str = "bootstrap") -> RunComparison:
+    """Compare two systems of ``paired`` per task and on the macro.
+
+    ``resampler`` (default: ``paired.resampler()``, 10,000 resamples, seed 0) supplies
+    the shared resamples, so every row of one table uses the same ones. ``family``
+    (e.g. ``(4, "bonferroni")``) widens every interval to its family level. ``test``:
+    ``"bootstrap"`` decides by the paired bootstrap (paper A.5); ``"mcnemar"`` decides
+    each task by exact McNemar and the macro by the tasks' McNemar p-values,
+    Holm-adjusted (:func:`delta_param` explains when).
+    """
+    if test not in ("bootstrap", "mcnemar"):
+        raise ValueError(f"test {test!r}: choose bootstrap or mcnemar")
+    _check_options(confidence, margin, alpha)
+    rs = paired.resampler() if resampler is None else resampler
+    binary = {t: paired.binary(t, baseline, candidate) for t in paired.tasks}
+    if test == "mcnemar" and not all(binary.values()):
+        odd = [t for t, b in binary.items() if not b]
+        raise ValueError(f"test='mcnemar' needs 0/1 scores from one run per side; {', '.join(odd)} has not")
+    rows = {t: _row(rs, baseline, candidate, t, confidence, family, margin, alpha, binary[t]) for t in paired.tasks}
+    macro = _row(rs, baseline, candidate, None, confidence, family, margin, alpha, False)
+    deciding = [r.mcnemar_pvalue if test == "mcnemar" else r.pvalue for r in rows.values()]
+    adjusted = dict(zip(rows, holm(deciding)))
+    rows = {t: _decide(r, test, float(adjusted[t]), alpha) for t, r in rows.items()}
+    if test == "mcnemar":
+        macro = _decide_macro_by_tasks(macro, rows, alpha)
+    a, b = paired.scores[baseline], paired.scores[candidate]
+    same_seeds = len(paired.runs[baseline]) == len(paired.runs[candidate])
+    return RunComparison(
+        baseline=baseline,
+        candidate=candidate,
+        tasks=rows,
+        macro=macro,
+        seeds=seed_summary(a, b) if same_seeds else None,
+        per_seed=_per_seed(a, b, rs, confidence, family) if same_seeds else None,
+        test=test,
+        confidence=family_level(confidence, family),
+        family=family,
+        margin=margin,
+        alpha=alpha,
+        n_resamples=rs.n_resamples,
+        bootstrap_seed=rs.seed,
+    )
+
+
+def _row(rs: Resampler, baseline: str, candidate: str, task: str | None, confidence: float,
+         family: tuple[int, str] | None, margin: float, alpha: float, binary: bool) -> Comparison:
+    boot = rs.paired_bootstrap(baseline, candidate, benchmark=task, confidence=confidence, family=family)
+    eq = rs.tost(baseline, candidate, benchmark=task, margin=margin, alpha=alpha)
+    mc = mcnemar(rs.scores(baseline, task), rs.scores(candidate, task)) if binary else None
+    discordant = mc.only_baseline + mc.only_candidate if mc else None
+    warnings = []
+    if boot.n < SMALL_N:
+        warnings.append(f"only {boot.n} items: the bootstrap p is approximate")
+    if discordant is not None and discordant < SMALL_DISCORDANT:
+        warnings.append(f"only {discordant} discordant items: trust the exact McNemar p ({show_p(mc.pvalue)}) "
+                        f"over the bootstrap p ({show_p(boot.pvalue)})")
+    return Comparison(
+        task=task, baseline=baseline, candidate=candidate, n=boot.n,
+        baseline_accuracy=boot.baseline, candidate_accuracy=boot.candidate, delta=boot.delta,
+        ci=boot.ci, confidence=boot.confidence, pvalue=boot.pvalue, mcnemar_pvalue=mc.pvalue if mc else None,
+        discordant=discordant, equivalent=eq.equivalent, equivalence_ci=eq.ci, equivalence_pvalue=eq.pvalue,
+        decided_by="bootstrap", pvalue_decisive=boot.pvalue, pvalue_holm=None,
+        outcome=_outcome(boot.delta, boot.pvalue, eq.equivalent, alpha), warnings=tuple(warnings),
+    )
+
+
+def _decide(row: Comparison, test: str, holm_p: float, alpha: float) -> Comparison:
+    p = row.mcnemar_pvalue if test == "mcnemar" else row.pvalue
+    return replace(row, decided_by=test, pvalue_decisive=p, pvalue_holm=holm_p,
+                    outcome=_outcome(row.delta, p, row.equivalent, alpha))
+
+
+def _decide_macro_by_tasks(macro: Comparison, rows: Mapping[str, Comparison], alpha: float) -> Comparison:
+    """The macro of a McNemar comparison: significant where a task is after Holm over the
+    tasks, in that task's direction (mixed directions: inconclusive); p is the smallest
+    Holm-adjusted p. McNemar has no macro of its own, and the pooled test would weight
+    the larger benchmark more than the macro does."""
+    p = min(r.pvalue_holm for r in rows.values())
+    directions = {"better" if r.delta > 0 else "worse" for r in rows.values() if r.pvalue_holm < alpha}
+    if len(directions) == 1:
+        outcome = directions.pop()
+    elif directions:
+        outcome = "inconclusive"
+    else:
+        outcome = "equivalent" if macro.equivalent else "inconclusive"
+    return replace(macro, decided_by="mcnemar", pvalue_decisive=p, outcome=outcome,
+                    discordant=sum(r.discordant for r in rows.values()))
+
+
+def _per_seed(a, b, rs: Resampler, confidence: float, family) -> tuple[SeedComparison, ...]:
+    """Seed run s of the candidate against seed run s of the baseline, on its own resamples."""
+    k = next(iter(a.values())).shape[1]
+    scores = {}
+    for s in range(k):
+        scores[f"baseline#{s}"] = {t: x[:, s] for t, x in a.items()}
+        scores[f"candidate#{s}"] = {t: x[:, s] for t, x in b.items()}
+    seeded = Resampler(scores, n_resamples=rs.n_resamples, seed=rs.seed)
+    out = []
+    for s in range(k):
+        boot = seeded.paired_bootstrap(f"baseline#{s}", f"candidate#{s}", confidence=confidence, family=family)
+        out.append(SeedComparison(s, boot.delta, boot.ci, boot.pvalue))
+    return tuple(out)
+
+
+def training_free(paired: PairedRuns, twin: str, looped: str) -> bool:
+    """Whether ``looped`` is ``twin``'s very weights plus a loop, decoded greedily once each
+    with 0/1 scores: the deterministic comparison the paper decides by McNemar's test."""
+    runs = paired.runs[twin] + paired.runs[looped]
+    if len(paired.runs[twin]) != 1 or len(paired.runs[looped]) != 1:
+        return False
+    headers = [r.header for r in runs]
+    if any(h is None or h.weights is None for h in headers) or headers[0].weights != headers[1].weights:
+        return False
+    greedy = all(not (ts.generation_kwargs or {}).get("do_sample", False) for r in runs for ts in r.tasks.values())
+    return greedy and all(paired.binary(t, twin, looped) for t in paired.tasks)
+
+
+def delta_param(twin: RunLike, looped: RunLike, *, tasks: Sequence[str] | None = None, test: str = "auto",
+                n_resamples: int = DEFAULTS.n_resamples, seed: int = 0, confidence: float = DEFAULTS.confidence,
+                family: tuple[int, str] | None = None, margin: float = DEFAULTS.margin, alpha: float = DEFAULTS.alpha) -> RunComparison:
+    """Δparam (Eq. 2): ``looped`` against its identically trained ``twin`` ("twin" → "looped").
+
+    Either side may be one run per training seed (paired by position); item scores are
+    averaged over seeds, and ``seeds`` counts the seeds favouring the loop. ``test``:
+    ``"auto"`` follows Table 2 ("‡ marks the training-free loop (McNemar test [32])"): exact
+    McNemar decides when the comparison is training-free (:func:`training_free`), the
+    paired bootstrap otherwise (A.5: "Intervals come from paired bootstraps over test
+    items"); ``"bootstrap"`` or ``"mcnemar"`` force one. ``RunComparison.test`` says which
+    decided.
+    """
+    if test not in TESTS:
+        raise ValueError(f"test {test!r}: choose one of {', '.join(TESTS)}")
+    paired = pair_runs({"twin": twin, "looped": looped}, tasks=tasks)
+    if test == "auto":
+        test = "mcnemar" if training_free(paired, "twin", "looped") else "bootstrap"
+    rs = paired.resampler(n_resamples=n_resamples, seed=seed)
+    return compare(paired, "twin", "looped", resampler=rs, confidence=confidence, family=family, margin=margin,
+                   alpha=alpha, test=test)
+
+
+@dataclass(frozen=True)
+class DeltaFlop:
+    """ΔFLOP (Eq. 3) of one looped evaluation.
+
+    ``costs`` (every unlooped evaluation) and ``loop_cost`` are in the ``cost_mode``
+    charge; ``other_costs`` in the other mode where the traces allow it. ``comparator``
+    is the best cheaper evaluation chosen on the test items; ``comparison`` is
+    comparator → loop (``None`` when every unlooped evaluation costs more).
+    ``selected`` is the same difference with the comparator chosen once (``fixed``) and
+    ``reselected`` with it chosen again in every resample (``resampled``);
+    ``selection`` says which decided. ``pvalue_holm`` is the deciding macro p
+    Holm-adjusted over the looped evaluations tested together. ``twin_comparison`` is
+    same-budget twin → loop; ``costlier`` compares the comparators named in
+    ``delta_flop(costlier=...)`` whatever they cost (Table 3's lower rows).
+    """
+
+    loop: str
+    cost_mode: str
+    loop_cost: float
+    loop_accuracy: float
+    costs: Mapping[str, float]
+    other_costs: Mapping[str, float] | None
+    accuracies: Mapping[str, float]
+    comparator: str | None
+    comparator_cost: float | None
+    comparator_accuracy: float | None
+    comparison: RunComparison | None
+    selected: BestCheaperResult | None
+    reselected: BestCheaperResult | None
+    selection: str
+    pvalue_holm: float | None
+    twin: str | None
+    twin_comparison: RunComparison | None
+    costlier: Mapping[str, RunComparison]
+    outcome: str
+
+
+def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *,
+               twins: Mapping[str, str] | None = None, costlier: Sequence[str] = (),
+               tasks: Sequence[str] | None = None, cost: str = "passes", selection: str = "fixed",
+               flops_per_token: Mapping[str, float] | None = None, n_resamples: int = DEFAULTS.n_resamples, seed: int = 0,
+               confidence: float = DEFAULTS.confidence, family: tuple[int, str] | None = None, margin: float = DEFAULTS.margin,
+               alpha: float = DEFAULTS.alpha) -> tuple[DeltaFlop, ...]:
+    """ΔFLOP (Eq. 3) for each looped evaluation, e.g. one per token budget.
+
+    ``unlooped`` and ``looped`` map names to runs (or one run per seed; costs average
+    over them). ``cost="passes"`` (default) follows A.2: "We charge the loop its layer
+    passes, (N+m)/N, which matches the measured slowdown of memory-bound decoding"; a
+    run's cost is its generated tokens × layer passes per token (:meth:`Run.cost`).
+    ``cost="flops"`` uses the traced FLOPs, or ``flops_per_token[name]`` times the traced
+    tokens. The comparator is "the most accurate unlooped evaluation, over all budgets,
+    whose FLOPs do not exceed the loop's. Choosing it on the test items favours the
+    unlooped model" (B.2); ``selection="resampled"`` lets the choice decide inside every
+    resample instead (both are reported). ``twins`` maps a looped name to its
+    same-budget twin; ``costlier`` names unlooped evaluations to compare with every
+    loop although they may cost more (a larger model). All comparisons share one set of
+    resamples; the deciding p-values are Holm-corrected over the looped evaluations.
+    """
+    if cost not in COST_MODES:
+        raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection {selection!r}: choose one of {', '.join(SELECTIONS)}")
+    clash = set(looped) & set(unlooped)
+    if clash:
+        raise ValueError(f"names used for both looped and unlooped runs: {sorted(clash)}")
+    if not looped or not unlooped:
+        raise ValueError("delta_flop needs at least one looped and one unlooped evaluation")
+    twins = dict(twins or {})
+    for loop, twin in twins.items():
+        if loop not in looped or twin not in unlooped:
+            raise ValueError(f"twins: {loop!r} -> {twin!r} must map a looped name to an unlooped name")
+    for name in costlier:
+        if name not in unlooped:
+            raise ValueError(f"costlier: {name!r} is not an unlooped evaluation")
+    _check_options(confidence, margin, alpha)
+    paired = pair_runs({**looped, **unlooped}, tasks=tasks)
+    fpt = dict(flops_per_token or {})
+    costs = _costs(paired, cost, fpt)
+    other_mode = "flops" if cost == "passes" else "passes"
+    try:
+        other = _costs(paired, other_mode, fpt)
+    except ValueError:
+        other = None
+    accuracy = {name: paired.accuracy(name) for name in paired.systems}
+    rs = paired.resampler(n_resamples=n_resamples, seed=seed)
+    options = dict(resampler=rs, confidence=confidence, family=family, margin=margin, alpha=alpha)
+    pool = {u: costs[u] for u in unlooped}
+
+    def choose(loop: str, how: str) -> BestCheaperResult | None:
+        return best_cheaper_bootstrap(rs, loop, pool, costs[loop], selection=how, confidence=confidence, family=family)
+
+    chosen = {loop: (choose(loop, "fixed"), choose(loop, "resampled")) for loop in looped}
+    deciding = {loop: (pair[0] if selection == "fixed" else pair[1]) for loop, pair in chosen.items()
+                if pair[0] is not None}
+    adjusted = dict(zip(deciding, holm([r.pvalue for r in deciding.values()])))
+    out = []
+    for loop in looped:
+        fixed, resampled = chosen[loop]
+        best = fixed.comparator if fixed else None
+        comp = compare(paired, best, loop, **options) if best else None
+        twin = twins.get(loop)
+        decided = deciding.get(loop)
+        outcome = "untestable"
+        if decided is not None:
+            outcome = _outcome(decided.delta, adjusted[loop], comp.macro.equivalent, alpha)
+        out.append(DeltaFlop(
+            loop=loop,
+            cost_mode=cost,
+            loop_cost=costs[loop],
+            loop_accuracy=accuracy[loop],
+            costs={u: costs[u] for u in unlooped},
+            other_costs=None if other is None else {name: other[name] for name in (*unlooped, loop)},
+            accuracies={u: accuracy[u] for u in unlooped},
+            comparator=best,
+            comparator_cost=costs[best] if best else None,
+            comparator_accuracy=accuracy[best] if best else None,
+            comparison=comp,
+            selected=fixed,
+            reselected=resampled,
+            selection=selection,
+            pvalue_holm=float(adjusted[loop]) if decided is not None else None,
+            twin=twin,
+            twin_comparison=compare(paired, twin, loop, **options) if twin else None,
+            costlier={name: compare(paired, name, loop, **options) for name in costlier},
+            outcome=outcome,
+        ))
+    return tuple(out)
+
+
+def _costs(paired: PairedRuns, mode: str, flops_per_token: Mapping[str, float]) -> dict[str, float]:
+    """Each system's cost in ``mode``, averaged over its seed runs."""
+    if mode == "passes":
+        known = {r.header is not None and bool(r.header.cost.get("layer_params"))
+                 for rs in paired.runs.values() for r in rs}
+        if len(known) > 1:
+            raise ValueError("some traces record their model's layer sizes and some do not, so layer passes of "
+                             "different models cannot be charged alike; evaluate all with loopeval's looped model "
+                             "or use cost='flops'")
+    return {name: float(np.mean([r.cost(paired.tasks, mode=mode, flops_per_token=flops_per_token.get(name))
+                                 for r in runs]))
+            for name, runs in paired.runs.items()}
+
+
+@dataclass(frozen=True)
+class FinishedBoth:
+    """§B.1: accuracy on the items that both models finish (in every seed run), per task
+    and on the macro of those subsets; ``finished`` counts them per task."""
+
+    finished: Mapping[str, int]
+    comparison: RunComparison
+
+
+def finished_both(twin: RunLike, looped: RunLike, *, tasks: Sequence[str] | None = None, n_resamples: int = DEFAULTS.n_resamples,
+                  seed: int = 0, confidence: float = DEFAULTS.confidence, margin: float = DEFAULTS.margin, alpha: float = DEFAULTS.alpha) -> FinishedBoth:
+    """Twin → looped on the items both finish within their budget ("On GSM8K problems that
+    both models finish, the looped model answers 79.1% correctly against 75.6%"), so a
+    gain there does not come from finishing. ``finished`` comes from the traces."""
+    paired = pair_runs({"twin": twin, "looped": looped}, tasks=tasks)
+    masks = {}
+    for t in paired.tasks:
+        done = np.column_stack([r.tasks[t].finished for side in ("twin", "looped") for r in paired.runs[side]])
+        masks[t] = done.all(axis=1)
+    kept = [t for t in paired.tasks if masks[t].any()]
+    if not kept:
+        raise ValueError("no item is finished by both models")
+    subset = PairedRuns(
+        systems=paired.systems, tasks=tuple(kept),
+        doc_ids={t: paired.doc_ids[t][masks[t]] for t in kept},
+        scores={s: {t: paired.scores[s][t][masks[t]] for t in kept} for s in paired.systems},
+        runs=paired.runs,
+    )
+    rs = subset.resampler(n_resamples=n_resamples, seed=seed)
+    result = compare(subset, "twin", "looped", resampler=rs, confidence=confidence, margin=margin, alpha=alpha)
+    return FinishedBoth(finished={t: int(masks[t].sum()) for t in paired.tasks}, comparison=result)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which of the two tests the loop passes, and one sentence per test.
+
+    ``flop`` is ``None`` when ΔFLOP is not meaningful (the loop does not beat its twin)
+    or was not evaluated; ``passes_flop`` likewise.
+    """
+
+    param: str
+    flop: tuple[str, ...] | None
+    passes_param: bool
+    passes_flop: bool | None
+    sentences: tuple[str, str]
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.sentences)
+
+
+def _p(p: float) -> str:
+    text = show_p(p)
+    return f"p{text}" if text.startswith("<") else f"p = {text}"
+
+
+def _interval(c: Comparison) -> str:
+    return f"[{points(c.ci.low, signed=True)}, {points(c.ci.high, signed=True)}]"
+
+
+def verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> Verdict:
+    """The paper's order of the tests (§4.3): "The second question matters only if the
+    answer to the first is yes." ΔFLOP counts only when the loop beats its twin
+    (Δparam "better"), and it passes when the loop beats the best cheaper unlooped
+    evaluation at every looped evaluation (budget)."""
+    m = param.macro
+    seeds = f", {param.seeds.favour} of {param.seeds.n} seeds favouring the loop" if param.seeds else ""
+    test = " (exact McNemar, training-free)" if param.test == "mcnemar" else ""
+    p = _p(m.pvalue_decisive) + test
+    if m.outcome == "better":
+        first = f"Equal parameters: the loop beats its twin by {points(m.delta, signed=True)} points {_interval(m)}, {p}{seeds}."
+    elif m.outcome == "worse":
+        first = f"Equal parameters: the loop is worse than its twin by {points(-m.delta)} points {_interval(m)}, {p}{seeds}."
+    else:
+        why = f"equivalent within ±{points(param.margin)} points" if m.outcome == "equivalent" else "not significant"
+        first = (f"Equal parameters: no significant difference from the twin, {points(m.delta, signed=True)} points "
+                 f"{_interval(m)}, {p} ({why}).")
+    if m.outcome != "better":
+        return Verdict(param=m.outcome, flop=None, passes_param=False, passes_flop=None,
+                       sentences=(first, "Equal FLOPs: not meaningful, since the loop does not beat its twin."))
+    if not flop:
+        return Verdict(param=m.outcome, flop=None, passes_param=True, passes_flop=None,
+                       sentences=(first, "Equal FLOPs: not evaluated."))
+    outcomes = tuple(f.outcome for f in flop)
+    wins, losses, untestable = outcomes.count("better"), outcomes.count("worse"), outcomes.count("untestable")
+    passes_flop = wins == len(outcomes)
+    details = "; ".join(
+        f"{f.loop}: {f.outcome}" + (f" vs {f.comparator}, Holm {_p(f.pvalue_holm)}" if f.comparator else "")
+        for f in flop
+    )
+    second = (
+        f"Equal FLOPs: the loop beats the best cheaper unlooped evaluation at {wins} of {len(outcomes)} budgets "
+        f"(Holm-corrected)" + (f" and loses at {losses}" if losses else "")
+        + (f"; {untestable} have no cheaper unlooped evaluation" if untestable else "")
+        + f" ({details}), so it " + ("pays for its compute." if passes_flop else "does not pay for its compute at every budget.")
+    )
+    return Verdict(param=m.outcome, flop=outcomes, passes_param=True, passes_flop=passes_flop, sentences=(first, second))

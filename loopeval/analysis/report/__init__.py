@@ -1,0 +1,136 @@
+"""The two-test report: a plain data object from lm-eval runs, and HTML from a template.
+
+``build_report`` reads a looped model's evaluations and its twin's (one run per token
+budget, with or without budget forcing, one run per training seed) and composes:
+
+* :mod:`~loopeval.analysis.report.evaluations`: which run is which (trace header, manifest);
+* :mod:`~loopeval.analysis.report.tables`: the equal-parameters test (twin -> looped at the
+  default budget), the equal-FLOPs test (best cheaper unlooped evaluation -> looped,
+  Holm over budgets) and the decoding-rules table, all from :mod:`loopeval.analysis.protocol`;
+* :mod:`~loopeval.analysis.report.figures`: accuracy against cost;
+* :mod:`~loopeval.analysis.report.checks`: the fairness checks.
+
+``render(data, template)`` fills any Jinja2 template (autoescaped) with the resulting
+:class:`ReportData`; ``write_report`` renders loopeval's own ``reports/report.html.j2``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+
+from loopeval.analysis.report import checks, evaluations, figures, serving, tables, training
+from loopeval.analysis.report.checks import Check
+from loopeval.analysis.report.data import ReportData
+from loopeval.analysis.report.evaluations import RunSpec
+from loopeval.analysis.report.render import check_output, render, write_report
+from loopeval.analysis.runs import Run
+from loopeval.analysis.stats.options import COST_MODES
+from loopeval.analysis.stats.options import DEFAULTS
+
+__all__ = ["Check", "ReportData", "RunSpec", "build_report", "check_output", "render", "write_report"]
+
+RunSource = str | Path | Run | RunSpec
+
+
+def build_report(
+    twin: list[RunSource],
+    looped: list[RunSource],
+    *,
+    larger: RunSource | None = None,
+    sizes: tuple[float, float] | None = None,
+    default_scale: float = 1.0,
+    cost: str = "passes",
+    selection: str = "fixed",
+    alpha: float = DEFAULTS.alpha,
+    margin: float = DEFAULTS.margin,
+    training_pairs: list[tuple[str | Path, str | Path]] = (),
+    serve_cost: list[str | Path] = (),
+    wall_clock: bool = False,
+    title: str | None = None,
+    strict: bool = False,
+    n_resamples: int = DEFAULTS.n_resamples,
+    seed: int = 0,
+) -> ReportData:
+    """Compute the two-test report from lm-eval output folders (or loaded runs).
+
+    ``twin``: the unlooped twin's evaluations; ``looped``: the looped model's, one per
+    budget scale, decoding condition, training variant and training seed (each read
+    from its trace and manifest, or given by a :class:`RunSpec`). ``larger`` is an
+    optional larger unlooped model: a further comparator, shown where it costs more
+    (Table 3's lower rows), and with ``sizes`` (small, large parameter counts) the
+    ceiling of Eq. 4 (Table 5). ``cost`` charges layer passes (the paper's rule) or
+    FLOPs; ``selection`` picks the best cheaper comparator once or in every resample;
+    ``alpha`` and ``margin`` (a fraction) are the tests' level and equivalence margin.
+    The training section (Fig. 3 and 5) draws every twin pair whose manifests hold
+    held-out curves: the evaluated checkpoints', and ``training_pairs`` of (twin, looped)
+    checkpoint folders. ``serve_cost`` folders (``loopeval serve-cost --out``) add the
+    serving section (Table 10); with ``wall_clock``, Figure 2 puts the looped points at
+    their measured latency instead of their layer-pass charge.
+    Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
+    fairness check.
+    """
+    if cost not in COST_MODES:
+        raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
+    served = serving.section(list(serve_cost))
+    evals, extra = evaluations.classify(twin, looped, larger)
+    trained = training.pairs_from_paths(list(training_pairs)) + training.pairs_from_evaluations(evals)
+    groups = evaluations.group(evals)
+    reference = tables.reference(groups, default_scale).run
+    base_costs = {}
+    for mode in COST_MODES:
+        try:
+            base_costs[mode] = reference.cost(mode=mode)
+        except ValueError:
+            if mode == cost:
+                raise
+    tasks = sorted(evals[0].run.tasks)
+    first_looped = next(e for e in evals if e.looped)
+    scale = None
+    if wall_clock:
+        scale = serving.wall_clock_scale(served, loop=first_looped.header.loop["loop"],
+                                         multiplier=first_looped.header.multiplier, cost=cost, larger=extra is not None)
+    figure = figures.cost_series(groups, extra, base_costs[cost], cost=cost, n_resamples=min(n_resamples, 2000),
+                                 seed=seed)
+    conditions = tables.conditions(groups, extra, default_scale=default_scale, base_costs=base_costs, cost=cost,
+                                   selection=selection, alpha=alpha, margin=margin, n_resamples=n_resamples, seed=seed)
+    ceiling = None
+    if extra is not None:
+        plain = next((c for c in conditions if c.condition == extra.condition), None)
+        twin_eval = next(e for e in evals if not e.looped and e.condition == extra.condition)
+        if plain is not None and (sizes is not None or extra.header.cost.get("layer_params")):
+            ceiling = tables.ceiling(plain, twin_eval, extra, first_looped.header.multiplier, sizes)
+    data = ReportData(
+        title=title or f"Does the loop {first_looped.header.loop['loop']} pay for its compute?",
+        created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        loop=first_looped.header.loop["loop"],
+        multiplier=first_looped.header.multiplier,
+        cost_mode=cost,
+        selection=selection,
+        tasks=tasks,
+        conditions=conditions,
+        decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_costs=base_costs),
+        figure=figure if scale is None else serving.on_wall_clock(figure, scale),
+        wall_clock=scale,
+        checks=checks.fairness_checks(evals, groups),
+        runs=[
+            {"name": e.where.name, "path": str(e.where), "setting": evaluations.label(*e.key),
+             "seed": e.seed, "accuracy": e.run.accuracy(), "cost": e.run.cost(mode=cost) / base_costs[cost]}
+            for e in sorted(evals, key=lambda e: (*e.key, e.seed or 0))
+        ],
+        ceiling=ceiling,
+        training=training.section(trained),
+        training_costs=training.costs(trained, evals),
+        serving=served,
+        strict=strict,
+        notes=[f"{c.label}, {row.task or 'macro'}: {w}" for c in conditions
+               for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings]
+        + training.undecontaminated(evals) + training.loop_conversion(evals),
+    )
+    if data.failed_checks:
+        message = "; ".join(f"{c.name}: {c.detail}" for c in data.failed_checks)
+        if strict:
+            raise ValueError(f"fairness check failed: {message}")
+        warnings.warn(f"fairness check failed (shown in the report): {message}", stacklevel=2)
+    return data

@@ -1,0 +1,87 @@
+"""Fairness checks: is each comparison of the report a fair one?
+
+A failed check is shown first in the report, warned about, and an error under
+``strict``. The checks: both sides decode with the same shared settings
+(:data:`loopeval.evaluation.trace.SHARED`), twins share their training manifest apart from the
+loop, every item is covered, and cached looped decoding was checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loopeval.training.manifest import twin_mismatches
+from loopeval.analysis.report.evaluations import Evaluation, label
+from loopeval.analysis.runs import decoding_differences
+from loopeval.evaluation.trace import SHARED
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _seed_order(evals: list[Evaluation]) -> list[Evaluation]:
+    return sorted(evals, key=lambda e: (e.seed is None, e.seed or 0))
+
+
+def decoding_checks(groups: dict) -> list[Check]:
+    """Each looped evaluation against the twin of its variant at the same budget and rules, seed by seed."""
+    out = []
+    for (lp, cond, variant, scale), members in sorted(groups.items()):
+        if not lp:
+            continue
+        twins = _seed_order(groups.get((False, cond, variant, scale), []))
+        for a, b in zip(_seed_order(members), twins):
+            diffs = decoding_differences(a.run, b.run)
+            seed = f"seed {a.seed}" if a.seed is not None else "one seed"
+            out.append(Check(f"same decoding settings: {label(True, cond, variant, scale)} vs twin ({seed})",
+                             not diffs, "; ".join(diffs) or f"{', '.join(SHARED)} and generation kwargs match"))
+    return out
+
+
+def manifest_checks(evals: list[Evaluation]) -> list[Check]:
+    """Looped model and twin of each training variant and seed share their training manifest."""
+    looped = {(e.variant, e.seed): e for e in evals if e.looped and e.manifest}
+    twins = {(e.variant, e.seed): e for e in evals if not e.looped and e.manifest}
+    if not looped and not twins:
+        return [Check("twins share their training manifest", False,
+                      "no training_manifest.json beside the evaluated checkpoints; twin training cannot be confirmed")]
+    out = []
+    for key in sorted(set(looped) | set(twins), key=str):
+        name = f"twins share their training manifest ({', '.join(str(k) for k in key if k not in ('', None))})"
+        if key not in looped or key not in twins:
+            out.append(Check(name, False, "only one side of this variant and seed has a training manifest"))
+            continue
+        diffs = twin_mismatches(looped[key].manifest, twins[key].manifest)
+        out.append(Check(name, not diffs,
+                         "; ".join(diffs) or "same base weights, data, batches, steps and seeds; only the loop differs"))
+    return out
+
+
+def coverage_checks(evals: list[Evaluation]) -> list[Check]:
+    short = [
+        f"{e.where.name}/{t}: {ts.n_effective} of {ts.n_original}"
+        for e in evals for t, ts in e.run.tasks.items() if ts.n_effective < ts.n_original
+    ]
+    n = sum(ts.n for ts in evals[0].run.tasks.values())
+    return [Check("every item covered", not short, "; ".join(short) or f"all {n} items in every evaluation")]
+
+
+def cache_checks(evals: list[Evaluation]) -> list[Check]:
+    bad = []
+    for e in evals:
+        if not e.looped:
+            continue
+        result = e.header.cache_check
+        if not result or not result.get("ok"):
+            bad.append(f"{e.where.name}: {'not run' if not result else 'failed'}")
+    return [Check("cached looped decoding equals full recomputation", not bad,
+                  "; ".join(bad) or "checked on the first batch of every looped evaluation")]
+
+
+def fairness_checks(evals: list[Evaluation], groups: dict) -> list[Check]:
+    """Every check, in the order the report lists them."""
+    return decoding_checks(groups) + manifest_checks(evals) + coverage_checks(evals) + cache_checks(evals)

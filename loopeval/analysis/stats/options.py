@@ -1,0 +1,48 @@
+"""The statistics options of every comparison, defined once: the library's defaults, the
+CLI flags, the study file's ``statistics:`` keys and the report all read :data:`DEFAULTS`.
+
+Paper A.5: "Intervals come from paired bootstraps over test items ... All p-values are
+two-sided, and p<0.001 marks the resampling floor. Equivalence means a 90% interval within
+±2 points (two one-sided tests). Comparisons across token budgets are Holm-corrected."
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+COST_MODES = ("passes", "flops")
+"""How a loop is charged. A.2: "We charge the loop its layer passes, (N+m)/N, which matches
+the measured slowdown of memory-bound decoding"; ``flops`` counts exact FLOPs instead."""
+
+SELECTIONS = ("fixed", "resampled")
+"""How ΔFLOP's best cheaper comparator is chosen: once on the test items, or in every resample."""
+
+
+@dataclass(frozen=True)
+class StatOptions:
+    """Options of the paired statistics and the two tests (fractions, not points)."""
+
+    n_resamples: int = field(default=10_000, metadata={
+        "help": "bootstrap resamples (p-values below 1/n_resamples are reported at that floor)"})
+    seed: int = field(default=0, metadata={"help": "seed of the resampling"})
+    confidence: float = field(default=0.95, metadata={"help": "two-sided confidence level of the intervals"})
+    alpha: float = field(default=0.05, metadata={
+        "help": "two-sided level of the tests; TOST uses the (1 - 2 alpha) interval, A.5's 90%"})
+    margin: float = field(default=0.02, metadata={
+        "help": "equivalence margin as a fraction; A.5: 'a 90%% interval within ±2 points' (0.02)"})
+
+    cost: str = field(default="passes", metadata={
+        "help": "what a loop is charged: passes (A.2's layer passes) or flops", "choices": COST_MODES})
+    selection: str = field(default="fixed", metadata={
+        "help": "best cheaper comparator chosen once (fixed) or in every resample (resampled)", "choices": SELECTIONS})
+
+    @property
+    def margin_points(self) -> float:
+        return 100.0 * self.margin
+
+
+DEFAULTS = StatOptions()
+"""The defaults, as the paper's A.5 states them."""
+
+STAT_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(StatOptions))

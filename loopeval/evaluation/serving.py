@@ -1,0 +1,580 @@
+"""Serving cost: latency, throughput and memory of looped against unlooped decoding.
+
+The paper checks its layer-pass charge against the clock (B.3, Table 10): "Latency is
+the decode time per token at batch 1. We measure throughput at the largest batch that
+fits in 80 GB, and memory as the peak at batch 1." :func:`serve_cost` measures the same
+figures for any models, interleaved and side by side in one process, through HF
+``generate`` (the path lm-eval's ``looped`` model decodes by), with a fixed-length
+decode (``min_new_tokens = max_new_tokens``, so EOS never ends a row early and both
+sides generate the same tokens):
+
+* prefill: the time of a one-token generation (the prompt's forward and the first token);
+* decode latency per token at batch 1, prefill excluded: ``(T(G) - T(1)) / (G - 1)`` of a
+  ``G``-token and a one-token generation run back to back in each repeat;
+* throughput: generated tokens per second of whole generations (prefill included) at
+  each batch size; ``"auto"`` finds each model's own largest batch (below);
+* peak memory at batch 1: the model's weights plus the peak of tensor memory allocated
+  during a ``G``-token generation (``torch.cuda.max_memory_allocated`` on CUDA; on CPU
+  the same count from the CPU allocator's events under ``torch.profiler``, since the
+  process's peak RSS cannot be reset between measurements and would hold every model
+  in the process);
+* measured memory growth per token: the tensor memory a ``G``-token generation keeps
+  (its cache) less a one-token generation's, over ``G - 1``, next to ``loop_cost``'s
+  KV bytes per token. A static cache is preallocated to its full length, so it grows 0.
+
+Timings synchronise CUDA before reading the clock. Times are medians over ``repeats``
+with their min and max.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CACHES = ("dynamic", "static")
+"""Cache implementations: HF's default dynamic cache, or its preallocated ``StaticCache``."""
+
+FILE_NAME = "serve_cost.json"
+FORMAT = 1
+
+AUTO_MAX_BATCH = 65536  # the doubling search's ceiling
+CPU_AUTO_GAIN = 1.05  # on CPU, auto doubles while throughput rises by at least 5%
+CPU_AUTO_MEMORY_SHARE = 0.5  # ... and the estimated cache fits in half the available memory
+
+
+def generation_options(cache: str = "dynamic", compile: bool = False, *, device="cpu") -> dict:
+    """The ``generate()`` keywords for a cache implementation and a compiled decode step.
+
+    transformers compiles the decode step only with a static cache, and on CUDA it does
+    so by default; ``compile=False`` therefore sets ``disable_compile`` so that the
+    option means what it says, and ``compile=True`` requires ``cache="static"``. Compiled
+    decoding uses inductor (``reduce-overhead``, CUDA graphs, on CUDA; ``default`` elsewhere).
+    """
+    if cache not in CACHES:
+        raise ValueError(f"cache {cache!r}: choose one of {', '.join(CACHES)}")
+    if compile and cache != "static":
+        raise ValueError("compile needs the static cache (--cache static, cache_implementation=static): "
+                         "transformers compiles the decode step only with it; add it, or drop compile")
+    options = {"disable_compile": not compile}
+    if cache == "static":
+        options["cache_implementation"] = "static"
+    if compile:
+        from transformers import CompileConfig
+
+        config = CompileConfig(mode="reduce-overhead" if str(device).startswith("cuda") else "default")
+        config._compile_all_devices = True  # transformers compiles only on accelerators unless told
+        options["compile_config"] = config
+    return options
+
+
+def check_compile_backend(device="cpu") -> None:
+    """Raise ``ValueError`` unless ``torch.compile`` (inductor) builds and runs a kernel on ``device``."""
+    import torch
+
+    try:
+        torch.compile(lambda x: x * 2 + 1, backend="inductor")(torch.ones(4, device=device))
+    except Exception as exc:  # a missing compiler, triton or a broken install: all say the same to the user
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"--compile: torch.compile (inductor) cannot build a kernel on {device} ({first[:300]}); "
+                         "drop --compile, or install a C++ compiler (CPU) or triton (CUDA)") from None
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A repeated measurement: the median, the smallest and largest value, and every sample."""
+
+    median: float
+    low: float
+    high: float
+    samples: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values) -> Spread:
+        values = tuple(float(v) for v in values)
+        return cls(statistics.median(values), min(values), max(values), values)
+
+
+@dataclass(frozen=True)
+class ModelServing:
+    """One model's serving figures. ``throughput`` maps a batch size to generated tokens/s;
+    ``max_batch`` is the batch the headline throughput is read at (``auto``'s find, else
+    the largest given). Bytes are bytes; times are seconds."""
+
+    name: str
+    loop: str | None
+    passes: int | float  # layer passes per token (the paper's charge)
+    generation_flops: float  # forward FLOPs of one prompt_tokens + new_tokens generation, per row
+    weight_bytes: int
+    kv_bytes_per_token: int  # loop_cost, at the model's dtype
+    state_bytes_per_sequence: int  # recurrent + convolution state (Gated DeltaNet call sites)
+    prefill_s: Spread
+    latency_s: Spread  # decode seconds per token at batch 1, prefill excluded
+    throughput: dict[int, Spread]
+    max_batch: int
+    peak_memory_bytes: int  # at batch 1: weights + peak tensor memory of the generation
+    memory_growth_per_token: float  # measured, bytes per generated token at batch 1
+
+    @property
+    def max_throughput(self) -> float:
+        return self.throughput[self.max_batch].median
+
+
+@dataclass(frozen=True)
+class ServeCost:
+    """Serving figures of several models, the baseline first (the unlooped model), and the
+    settings they were measured with. :meth:`ratios` divides each candidate by the baseline."""
+
+    models: tuple[ModelServing, ...]
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> ModelServing:
+        return self.models[0]
+
+    def ratios(self, candidate: int = 1) -> dict[str, float]:
+        """Candidate / baseline: latency, throughput (each at its own ``max_batch``), peak
+        memory, KV bytes per token, and the cost multipliers c (layer passes) and FLOPs."""
+        a, b = self.baseline, self.models[candidate]
+        return {
+            "multiplier": b.passes / a.passes,
+            "flop_multiplier": b.generation_flops / a.generation_flops,
+            "latency": b.latency_s.median / a.latency_s.median,
+            "prefill": b.prefill_s.median / a.prefill_s.median,
+            "throughput": b.max_throughput / a.max_throughput,
+            "memory": b.peak_memory_bytes / a.peak_memory_bytes,
+            "kv_bytes_per_token": b.kv_bytes_per_token / a.kv_bytes_per_token if a.kv_bytes_per_token else math.nan,
+        }
+
+    def to_dict(self) -> dict:
+        models = []
+        for m in self.models:
+            d = asdict(m)
+            d["throughput"] = {str(k): asdict(v) for k, v in m.throughput.items()}
+            models.append(d)
+        return {"format": FORMAT, "settings": self.settings, "models": models,
+                "ratios": [self.ratios(i) for i in range(1, len(self.models))]}
+
+    def write(self, out: str | Path) -> Path:
+        """Write ``out/serve_cost.json`` and return its path."""
+        path = Path(out) / FILE_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ServeCost:
+        if d.get("format") != FORMAT:
+            raise ValueError(f"unknown serve_cost format {d.get('format')!r} (this loopeval reads {FORMAT})")
+        models = []
+        for m in d["models"]:
+            m = dict(m)
+            for key in ("prefill_s", "latency_s"):
+                m[key] = _spread(m[key])
+            m["throughput"] = {int(k): _spread(v) for k, v in m["throughput"].items()}
+            models.append(ModelServing(**m))
+        return cls(tuple(models), dict(d.get("settings") or {}))
+
+    def to_text(self) -> str:
+        """The terminal table: one row per model, then each candidate's ratios next to c."""
+        from loopeval.common.console import table
+
+        s = self.settings
+        header = ("model", "loop", "passes", "prefill ms", "latency ms/tok", "[min, max]", "batch", "tokens/s",
+                  "peak MB", "KV B/tok", "measured B/tok")
+        rows = [(m.name, m.loop or "-", f"{m.passes:g}", f"{1e3 * m.prefill_s.median:.2f}",
+                 f"{1e3 * m.latency_s.median:.2f}", f"[{1e3 * m.latency_s.low:.2f}, {1e3 * m.latency_s.high:.2f}]",
+                 str(m.max_batch), f"{m.max_throughput:,.1f}", f"{m.peak_memory_bytes / 2**20:,.1f}",
+                 f"{m.kv_bytes_per_token:,}", f"{m.memory_growth_per_token:,.0f}") for m in self.models]
+        lines = [f"{s.get('device')}, {s.get('dtype')}, {s.get('prompt_tokens')} prompt + {s.get('new_tokens')} new "
+                 f"tokens, {s.get('cache')} cache{', compiled' if s.get('compile') else ''}, {s.get('repeats')} "
+                 f"repeats (medians); batch sizes {s.get('batch_sizes')}", "", table(header, rows, text_columns=2)]
+        for i, m in enumerate(self.models[1:], 1):
+            r = self.ratios(i)
+            lines += ["", f"{m.name} / {self.baseline.name}:  c = {r['multiplier']:.3f}  FLOPs x{r['flop_multiplier']:.3f}",
+                      f"  latency x{r['latency']:.3f}   throughput x{r['throughput']:.3f}   prefill x{r['prefill']:.3f}"
+                      f"   memory x{r['memory']:.3f}   KV/token x{r['kv_bytes_per_token']:.3f}"]
+        return "\n".join(lines)
+
+
+def _spread(d: dict) -> Spread:
+    return Spread(d["median"], d["low"], d["high"], tuple(d["samples"]))
+
+
+def read_serve_cost(path: str | Path) -> ServeCost:
+    """Read ``DIR/serve_cost.json`` (or the file itself); a bad file raises ``ValueError``."""
+    path = Path(path)
+    file = path / FILE_NAME if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"{path}: no {FILE_NAME} (write one with loopeval serve-cost --out {path})")
+    try:
+        return ServeCost.from_dict(json.loads(file.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{file}: not a serve-cost result ({exc})") from None
+
+
+# -- measuring -----------------------------------------------------------------------
+
+
+def _batch_sizes(value) -> tuple[int, ...] | str:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, int):
+        value = (value,)
+    sizes = tuple(value)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(f"batch sizes {value!r}: expected 'auto' or positive integers such as 1,8,64 "
+                         "(a batch size of 0 generates nothing)")
+    return tuple(sorted(set(sizes)))
+
+
+def _check_counts(prompt_tokens, new_tokens, repeats) -> None:
+    for name, value, least in (("prompt_tokens", prompt_tokens, 1), ("new_tokens", new_tokens, 2),
+                               ("repeats", repeats, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            why = " (latency excludes prefill, so it needs a second token)" if name == "new_tokens" else ""
+            raise ValueError(f"{name} {value!r}: must be an integer >= {least}{why}")
+
+
+def _writable(out) -> None:
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
+
+
+def _check_sources(sources, loop, positions: int) -> None:
+    """Refuse, before any weights load, a loop with several models, a generation longer
+    than a model's maximum position and models with different tokenizers."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from loopeval.core.loop import check_source, resolve_loop
+
+    if not sources:
+        raise ValueError("serve_cost: no model given")
+    if loop is not None and len(sources) != 1:
+        raise ValueError("--loop compares one model with its own unlooped self; with several --model, "
+                         "each model brings its own loop (loop_config.json)")
+    vocabs = []
+    for s in sources:
+        if isinstance(s, torch.nn.Module):
+            config, name, vocab = s.config, type(s).__name__, None
+        else:
+            check_source(str(s))
+            config, name = AutoConfig.from_pretrained(s), str(s)
+            try:
+                vocab = AutoTokenizer.from_pretrained(s).get_vocab()
+            except (OSError, ValueError):
+                vocab = None
+        if len(sources) == 1 and resolve_loop(s if isinstance(s, torch.nn.Module) else str(s), loop) is None:
+            raise ValueError(f"{name} has no loop: give --loop SPEC to compare it with its unlooped self, or a "
+                             "second --model")
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        limit = getattr(text, "max_position_embeddings", None)
+        if limit is not None and positions > limit:
+            raise ValueError(f"--prompt-tokens + --new-tokens = {positions} positions: more than {name}'s maximum "
+                             f"position {limit} (max_position_embeddings); lower --new-tokens or --prompt-tokens")
+        vocabs.append((name, vocab))
+    for name, vocab in vocabs[1:]:
+        if vocab != vocabs[0][1]:
+            raise ValueError(f"{name} and {vocabs[0][0]} have different tokenizers; serving costs are compared "
+                             "on the same token stream, so give models that share one tokenizer")
+
+
+def _load(sources, loop, dtype, device):
+    """``[(name, model, tokenizer)]``, the baseline first; one source gives its unlooped
+    self and its looped self, the two sharing the weights."""
+    import torch
+
+    from loopeval.core.checkpoint import load_model
+    from loopeval.core.loop import apply_loop, loop_config, remove_loop, resolve_loop
+
+    loaded = []
+    for s in sources:
+        if isinstance(s, torch.nn.Module):
+            model, tok, name = s, None, type(s).__name__
+        else:
+            model, tok = load_model(s, dtype=getattr(torch, dtype) if dtype else "auto")
+            name = str(s)
+        loaded.append((name, model.to(device).eval(), tok))
+    if len(sources) > 1:
+        return loaded
+    _, model, tok = loaded[0]
+    wanted = resolve_loop(model, loop)
+    own = loop_config(model) is not None
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    if own:  # copy it unlooped: hooks do not survive a copy
+        remove_loop(model)
+    try:
+        twin = copy.deepcopy(model, memo=shared)  # the same weights
+    finally:
+        if own:
+            apply_loop(model, wanted)
+    base, looped = (twin, model) if own else (model, apply_loop(twin, wanted))
+    return [("unlooped", base, tok), (f"looped {wanted.spec}", looped, tok)]
+
+
+class _Meter:
+    """Times and weighs ``generate`` calls of the models on one device."""
+
+    def __init__(self, device, pad_token_id: int, vocab_size: int, prompt_tokens: int, options: dict, seed: int):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.pad = pad_token_id
+        self.options = options
+        self.prompt_tokens = prompt_tokens
+        self.generator = torch.Generator().manual_seed(seed)
+        self.vocab_size = vocab_size
+        self.prompts: dict[int, object] = {}
+
+    def prompt(self, batch: int):
+        """The same random prompt rows for every model (special ids below 16 avoided)."""
+        if batch not in self.prompts:
+            ids = self.torch.randint(16, self.vocab_size, (batch, self.prompt_tokens), generator=self.generator)
+            self.prompts[batch] = ids.to(self.device)
+        return self.prompts[batch]
+
+    def _sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def generate(self, model, batch: int, new_tokens: int, **extra):
+        ids = self.prompt(batch)
+        with self.torch.no_grad():
+            return model.generate(ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=self.pad,
+                                  **self.options, **extra)
+
+    def seconds(self, model, batch: int, new_tokens: int) -> float:
+        self._sync()
+        start = time.perf_counter()
+        out = self.generate(model, batch, new_tokens)
+        self._sync()
+        elapsed = time.perf_counter() - start
+        if out.shape[1] != self.prompt_tokens + new_tokens:
+            raise RuntimeError(f"generate returned {out.shape[1] - self.prompt_tokens} tokens, not {new_tokens}")
+        return elapsed
+
+    def fits(self, model, batch: int, new_tokens: int) -> bool:
+        try:
+            self.seconds(model, batch, new_tokens)
+            return True
+        except self.torch.cuda.OutOfMemoryError:
+            self.torch.cuda.empty_cache()
+            return False
+
+    def memory(self, model, new_tokens: int) -> tuple[int, int]:
+        """(peak, kept) tensor bytes allocated by a batch-1 generation above what was
+        allocated before it; ``kept`` is what its returned cache still holds."""
+        torch = self.torch
+        if self.cuda:
+            self._sync()
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            out = self.generate(model, 1, new_tokens, return_dict_in_generate=True)
+            self._sync()
+            peak = torch.cuda.max_memory_allocated(self.device) - before
+            kept = torch.cuda.memory_allocated(self.device) - before
+            del out
+            return peak, kept
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with _quiet_stderr():  # Kineto prints "profiler_start" to the C-level stderr, uncontrollably
+            prof.start()
+        try:
+            out = self.generate(model, 1, new_tokens, return_dict_in_generate=True)
+        finally:
+            with _quiet_stderr():
+                prof.stop()
+        del out
+        level = peak = 0
+        for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+            level += event.self_cpu_memory_usage  # allocations inside ops, frees as [memory] events
+            peak = max(peak, level)
+        return peak, level
+
+
+@contextmanager
+def _quiet_stderr():
+    """Send file descriptor 2 to /dev/null inside the block (C++ logging that Python cannot
+    silence); Python's ``sys.stderr`` is flushed first and restored after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _available_memory() -> int | None:
+    """The memory the kernel reports available (Linux), or ``None`` where it does not: then
+    the CPU ``auto`` search stops on throughput alone."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+    return None
+
+
+def _auto_batch(meter: _Meter, model, new_tokens: int, *, cache_bytes_per_row: int) -> int:
+    """The batch ``auto`` measures at. On CUDA: the largest that fits, by doubling from 1 until
+    out-of-memory and then bisecting. On CPU, where running out of memory kills the process
+    instead of raising, doubling goes on while one generation's throughput rises by at least
+    ``CPU_AUTO_GAIN`` and the estimated cache stays within ``CPU_AUTO_MEMORY_SHARE`` of the
+    available memory; the batch of the best throughput seen is returned."""
+    if meter.cuda:
+        ok, bad = 0, 1
+        while meter.fits(model, bad, new_tokens):
+            ok, bad = bad, bad * 2
+            if bad > AUTO_MAX_BATCH:
+                return ok
+        if ok == 0:
+            raise ValueError(f"batch 1 does not fit on {meter.device} ({new_tokens} new tokens)")
+        while bad - ok > 1:
+            mid = (ok + bad) // 2
+            ok, bad = (mid, bad) if meter.fits(model, mid, new_tokens) else (ok, mid)
+        return ok
+    available = _available_memory()
+    best, best_rate, batch = 1, 0.0, 1
+    while batch <= AUTO_MAX_BATCH:
+        if available is not None and batch * cache_bytes_per_row > CPU_AUTO_MEMORY_SHARE * available:
+            break
+        rate = batch * new_tokens / meter.seconds(model, batch, new_tokens)
+        if best_rate and rate < CPU_AUTO_GAIN * best_rate:
+            break
+        best, best_rate, batch = batch, rate, batch * 2
+    return best
+
+
+def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int = 256, batch_sizes="auto",
+               repeats: int = 5, compile: bool = False, cache: str = "dynamic", device: str | None = None,
+               dtype: str | None = None, seed: int = 0, out: str | Path | None = None,
+               progress: bool = True) -> ServeCost:
+    """Measure the serving cost of ``models`` side by side (module docstring).
+
+    ``models`` is one checkpoint (path, hub id or model), compared with ``loop`` or its
+    own loop against its unlooped self (sharing its weights), or several, the baseline
+    first, each with its own loop. ``batch_sizes`` is ``"auto"`` or a list of sizes; the
+    headline throughput is read at ``auto``'s batch or the largest size given. ``dtype``
+    (e.g. ``"bfloat16"``) is the load dtype of checkpoints (default: their own); a model
+    object is measured as it is. ``device`` defaults to CUDA when present. Every
+    input is checked before any model loads or runs. With ``out``, writes
+    ``out/serve_cost.json``.
+    """
+    import torch
+    import transformers
+
+    from loopeval.core.cost import loop_cost
+    from loopeval.core.loop import loop_config
+
+    _check_counts(prompt_tokens, new_tokens, repeats)
+    sizes = _batch_sizes(batch_sizes)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    options = generation_options(cache, compile, device=device)
+    if compile:
+        check_compile_backend(device)
+    if out is not None:
+        _writable(out)
+    sources = list(models) if isinstance(models, (list, tuple)) else [models]
+    _check_sources(sources, loop, prompt_tokens + new_tokens)
+    loaded = _load(sources, loop, dtype, device)
+    tokenizer = loaded[0][2]
+    pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
+                            getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)
+    vocab = min(m.config.get_text_config(decoder=True).vocab_size for _, m, _ in loaded)
+    meter = _Meter(device, pad, vocab, prompt_tokens, options, seed)
+    costs = []
+    for _, model, _ in loaded:
+        itemsize = next(model.parameters()).element_size()
+        config = loop_config(model)
+        costs.append(loop_cost(model, config.spec if config else None, bytes_per_element=itemsize))
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc="serve-cost", unit="generation", disable=not progress)
+    for _, model, _ in loaded:  # warm-up (and, compiled, compilation) of every shape timed below
+        meter.seconds(model, 1, 1)
+        meter.seconds(model, 1, new_tokens)
+        bar.update(2)
+    prefill = [[] for _ in loaded]
+    latency = [[] for _ in loaded]
+    for _ in range(repeats):
+        for i, (_, model, _) in enumerate(loaded):
+            one = meter.seconds(model, 1, 1)
+            full = meter.seconds(model, 1, new_tokens)
+            prefill[i].append(one)
+            latency[i].append((full - one) / (new_tokens - 1))
+            bar.update(2)
+    memory = []
+    for _, model, _ in loaded:
+        peak, kept = meter.memory(model, new_tokens)
+        _, kept_one = meter.memory(model, 1)
+        memory.append((peak, (kept - kept_one) / (new_tokens - 1)))
+        bar.update(2)
+    if sizes == "auto":
+        chosen = []
+        for (_, model, _), cost in zip(loaded, costs):
+            row = cost.kv_bytes_per_token * (prompt_tokens + new_tokens) + cost.state_bytes_per_sequence
+            chosen.append(_auto_batch(meter, model, new_tokens, cache_bytes_per_row=row))
+            bar.update(1)
+        per_model = [sorted({1, b}) for b in chosen]
+    else:
+        chosen = [sizes[-1]] * len(loaded)
+        per_model = [list(sizes)] * len(loaded)
+    rates = [{b: [] for b in batches} for batches in per_model]
+    for batch in sorted({b for batches in per_model for b in batches}):
+        for i, (_, model, _) in enumerate(loaded):
+            if batch in rates[i]:
+                meter.seconds(model, batch, new_tokens)  # warm-up of this shape
+        for _ in range(repeats):
+            for i, (_, model, _) in enumerate(loaded):
+                if batch in rates[i]:
+                    rates[i][batch].append(batch * new_tokens / meter.seconds(model, batch, new_tokens))
+                    bar.update(1)
+    bar.close()
+    results = []
+    for i, ((name, model, _), cost) in enumerate(zip(loaded, costs)):
+        config = loop_config(model)
+        weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        results.append(ModelServing(
+            name=name, loop=str(config.spec) if config else None, passes=cost.passes,
+            generation_flops=cost.generation_flops(prompt_tokens, new_tokens), weight_bytes=weights,
+            kv_bytes_per_token=cost.kv_bytes_per_token, state_bytes_per_sequence=cost.state_bytes_per_sequence,
+            prefill_s=Spread.of(prefill[i]), latency_s=Spread.of(latency[i]),
+            throughput={b: Spread.of(v) for b, v in rates[i].items()}, max_batch=chosen[i],
+            peak_memory_bytes=weights + memory[i][0], memory_growth_per_token=memory[i][1],
+        ))
+    settings = {
+        "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+        "batch_sizes": sizes if sizes == "auto" else list(sizes), "repeats": repeats, "cache": cache,
+        "compile": compile, "device": str(device), "dtype": str(next(loaded[0][1].parameters()).dtype).replace("torch.", ""),
+        "seed": seed, "memory": "torch.cuda.max_memory_allocated" if meter.cuda else "torch.profiler CPU allocations",
+        "threads": torch.get_num_threads(), "gpu": torch.cuda.get_device_name(device) if meter.cuda else None,
+        "cpu": platform.processor() or platform.machine(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    result = ServeCost(tuple(results), settings)
+    if out is not None:
+        result.write(out)
+    return result

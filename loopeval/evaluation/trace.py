@@ -1,0 +1,217 @@
+"""The per-item cost trace: written by the ``looped`` lm-eval model, read by ``runs``.
+
+Its format lives here only. A trace is a JSON-lines file named
+``loopeval_trace_<timestamp>[_rank<k>].jsonl``. The first line is the header::
+
+    {"kind": "header", "format": 2, "created": <unix seconds>, "model": str,
+     "loop": {"loop", "operator", "beta", "mix"[, "mix_source"]} | null, "exit_after": int | null,
+     "cost": {...LoopCost.summary()},
+     "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff"} | null,
+     "versions": {...}, "generation": {"cache_implementation", "compile"}}
+
+``decoding`` holds exactly the settings both sides of a comparison must share
+(:class:`DecodingSettings`); the loop and its cost are what legitimately differ.
+``exit_after`` (004's fixed exit) is part of the looped side's loop, not a shared
+setting (a twin has no loop): ``loop`` is the loop as evaluated, every window at
+``K = exit_after``, and ``cost`` is that of those k steps.
+
+``generation`` records how ``generate`` ran (cache implementation, compiled decoding):
+settings that change speed but not outputs, so they are recorded, not compared.
+Every following line is one generation request::
+
+    {"kind": "item", "task": str, "doc_id": int, "idx": int, "prompt_hash": str,
+     "prompt_tokens": int, "generated_tokens": int, "max_gen_toks": int,
+     "finished": bool, "forced_at": int | null, "repetition_stop_at": int | null,
+     "passes_per_token": int, "flops": float, "bf_reserve": int | null,
+     "forcing_skipped": str | null}
+
+``prompt_hash`` is lm-eval's own (sha256 of the request context), so records join
+lm-eval's ``samples_*.jsonl`` on ``(task, doc_id, prompt_hash)``. ``forced_at`` and
+``repetition_stop_at`` are generated-token positions where the rule inserted its
+string; ``bf_reserve`` is the reserve budget forcing applied to the request, and
+``forcing_skipped`` says why it left a row alone at its threshold ("answered": the row
+had already boxed an answer). Records are flushed per batch so a crash never loses finished work.
+
+Format 1 traces (one flat ``settings`` object in the header) still load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from loopeval.common.jsonl import read_jsonl
+
+FORMAT = 2
+PREFIX = "loopeval_trace_"
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    """How one evaluation decodes. Every field is a setting that both sides of a
+    comparison must share (:data:`SHARED`): a difference is a fairness failure."""
+
+    budget_forcing: bool = False
+    bf_reserve: int | None = None  # None when budget forcing is off; tokens at budget_scale 1
+    bf_reserve_rule: str | None = None  # how the reserve follows the budget (decoding.RESERVE_RULES)
+    bf_string: str | None = None  # None: the automatic strings (or forcing off)
+    bf_when_answered: str | None = None  # skip or force rows that already boxed an answer
+    repetition_stop: bool = False
+    budget_scale: float = 1.0
+    dtype: str | None = None
+    batch_size: str | None = None
+    chat_template_sha: str | None = None
+    chat_template_args: dict = field(default_factory=dict)
+
+    def differences(self, other: DecodingSettings) -> list[str]:
+        """``"name: mine vs theirs"`` for every shared setting that differs."""
+        return [f"{name}: {getattr(self, name)!r} vs {getattr(other, name)!r}"
+                for name in SHARED if getattr(self, name) != getattr(other, name)]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DecodingSettings:
+        return cls(**{name: d[name] for name in SHARED if name in d})
+
+
+SHARED: tuple[str, ...] = tuple(f.name for f in fields(DecodingSettings))
+"""The decoding settings that both sides of a comparison must share."""
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """What an evaluation was: the model, its loop and cost, and its decoding settings."""
+
+    model: str | None
+    loop: dict | None  # LoopConfig.to_dict() of the applied loop (at K = exit_after, if given)
+    cost: dict  # LoopCost.summary()
+    decoding: DecodingSettings
+    cache_check: dict | None = None
+    versions: dict = field(default_factory=dict)
+    weights: str | None = None  # checkpoint.weights_fingerprint of the evaluated weights
+    exit_after: int | None = None  # the fixed exit (steps run of a longer trained loop), or None
+    generation: dict = field(default_factory=dict)  # speed-only: cache_implementation, compile (not compared)
+
+    @property
+    def looped(self) -> bool:
+        return self.loop is not None
+
+    @property
+    def multiplier(self) -> float:
+        """The layer-pass cost multiplier c = (N + m) / N of the evaluated model."""
+        return float(self.cost.get("multiplier", 1.0))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "decoding": asdict(self.decoding)}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> TraceHeader:
+        """A header line of either format."""
+        if rec.get("format") == 1:
+            return cls._from_format_1(dict(rec["settings"]))
+        if rec.get("format") != FORMAT:
+            raise ValueError(f"unknown loopeval trace format {rec.get('format')!r} (this loopeval reads 1 and {FORMAT})")
+        return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
+                   decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
+                   versions=dict(rec.get("versions") or {}), weights=rec.get("weights"),
+                   exit_after=rec.get("exit_after"), generation=dict(rec.get("generation") or {}))
+
+    @classmethod
+    def _from_format_1(cls, s: dict) -> TraceHeader:
+        loop = None
+        if s.get("loop") is not None:
+            loop = {"loop": s["loop"], "operator": s.get("loop_operator") or "repeat",
+                    "beta": s.get("loop_beta") or 0.0, "mix": s.get("loop_mix")}
+        cost = dict(s.get("cost") or {})
+        if "cost_multiplier" in s:
+            cost.setdefault("multiplier", s["cost_multiplier"])
+        return cls(model=s.get("model"), loop=loop, cost=cost, decoding=DecodingSettings.from_dict(s),
+                   cache_check=s.get("cache_check"), versions=dict(s.get("versions") or {}))
+
+
+def prompt_hash(context: str) -> str:
+    """lm-eval's ``prompt_hash`` of a request context (``lm_eval.utils.hash_string``)."""
+    return hashlib.sha256(context.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class TraceItem:
+    task: str
+    doc_id: int
+    idx: int
+    prompt_hash: str
+    prompt_tokens: int
+    generated_tokens: int
+    max_gen_toks: int
+    finished: bool
+    forced_at: int | None
+    repetition_stop_at: int | None
+    passes_per_token: int
+    flops: float
+    bf_reserve: int | None = None  # the reserve budget forcing used for this request, in tokens
+    forcing_skipped: str | None = None  # why budget forcing left an unfinished row alone
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.task, self.doc_id, self.idx)
+
+
+@dataclass
+class Trace:
+    path: Path
+    created: float
+    header: TraceHeader
+    items: list[TraceItem] = field(default_factory=list)
+
+
+class TraceWriter:
+    """Appends trace items to ``folder/loopeval_trace_<timestamp>[_rank<k>].jsonl``."""
+
+    def __init__(self, folder: str | Path, header: TraceHeader, *, rank: int = 0, world_size: int = 1):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%dT%H-%M-%S")
+        suffix = f"_rank{rank}" if world_size > 1 else ""
+        self.path = self.folder / f"{PREFIX}{stamp}{suffix}.jsonl"
+        n = 1
+        while self.path.exists():  # two runs within one second
+            n += 1
+            self.path = self.folder / f"{PREFIX}{stamp}.{n}{suffix}.jsonl"
+        record = {"kind": "header", "format": FORMAT, "created": time.time(), **header.to_dict()}
+        with self.path.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def write(self, items: list[TraceItem]) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            for item in items:
+                f.write(json.dumps({"kind": "item", **asdict(item)}, sort_keys=True) + "\n")
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read one trace file; a corrupt line raises ``ValueError`` naming the file and line."""
+    path = Path(path)
+
+    def parse(lineno: int, rec: dict):
+        if lineno == 1:
+            if rec.get("kind") != "header":
+                raise ValueError("not a loopeval trace header")
+            return Trace(path=path, created=float(rec["created"]), header=TraceHeader.from_record(rec))
+        rec.pop("kind")
+        return TraceItem(**rec)
+
+    trace = None
+    for lineno, value in read_jsonl(path, parse, what="loopeval trace"):
+        if lineno == 1:
+            trace = value
+        else:
+            trace.items.append(value)
+    if trace is None:
+        raise ValueError(f"{path}: empty loopeval trace file")
+    return trace
+
+
+def find_traces(folder: str | Path) -> list[Trace]:
+    """All trace files in ``folder`` (not recursive), oldest first."""
+    return sorted((read_trace(p) for p in Path(folder).glob(f"{PREFIX}*.jsonl")), key=lambda t: t.created)

@@ -1,0 +1,170 @@
+"""``loopeval demo``: the whole protocol in miniature, on a laptop, with no downloads.
+
+1. Make a synthetic reasoning task (``loopeval.tools.synthetic``): arithmetic word problems
+   with worked, boxed solutions; train and a decontaminated test split.
+2. Build a tiny Qwen3-style model and a BPE tokenizer trained on the task.
+3. Train an unlooped twin and a looped model from it, identically (``loopeval.training``);
+   with ``recipe="convert"``, fine-tune the base first, then convert it with LoRA.
+4. Write a study file (``OUT/study.yaml``) and run it with the protocol runner
+   (``loopeval.tools.study``): both models through lm-eval's ``looped`` model at 0.5, 1, 1.5
+   and 2x the token budget, with and without budget forcing (16 real lm-eval runs, with
+   traces), resumably.
+5. The runner writes the two-test report (``loopeval.analysis.report``) to ``OUT/report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from loopeval.common.paths import tasks_path
+
+TASK = "arith_boxed"
+LOOP = "2:4x2"  # 6 layers -> 8 passes, c = 1.33
+BUDGET = 48  # tokens at 1x; worked solutions take 20-41
+SCALES = (0.5, 1.0, 1.5, 2.0)
+BF_RESERVE = 12
+BF_STRING = " The answer is \\boxed{"  # the solutions' own answer phrase
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    n_train: int
+    n_test: int
+    steps: int
+    batch_size: int
+    layers: int
+    hidden: int
+    vocab: int
+    lr: float
+
+
+SIZES = {
+    # about 8 minutes on 2 CPU cores
+    "default": DemoSize(n_train=8000, n_test=250, steps=600, batch_size=32, layers=6, hidden=128, vocab=512, lr=4e-3),
+    # a smoke test of every stage, for CI (about a minute)
+    "tiny": DemoSize(n_train=400, n_test=24, steps=12, batch_size=8, layers=6, hidden=32, vocab=320, lr=3e-3),
+}
+
+
+def _say(message: str) -> None:
+    print(f"[loopeval demo] {message}", flush=True)
+
+
+def _task_folder(out: Path, test_file: Path) -> Path:
+    """A task that is loopeval's ``gsm8k_boxed`` (prompt, scoring) on the local test split."""
+    folder = out / "tasks"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "include": str(tasks_path() / "gsm8k_boxed.yaml"),
+        "task": TASK,
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {"test": str(test_file)}, "cache_dir": str(out / "hf_cache")},
+        "generation_kwargs": {"until": [], "do_sample": False, "temperature": 0.0, "max_gen_toks": BUDGET},
+    }
+    (folder / f"{TASK}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return folder
+
+
+def write_study(out: Path, task_folder: Path, twin: Path, looped: Path) -> Path:
+    """The demo's study file: both checkpoints, the local task, four budgets, plain decoding
+    and budget forcing on both sides (``loopeval protocol`` runs it)."""
+    study = {
+        "name": "loopeval demo",
+        "output": ".",
+        "models": [{"name": "twin", "role": "twin", "path": str(twin)},
+                   {"name": "looped", "role": "looped", "path": str(looped)}],
+        "tasks": [TASK],
+        "include_path": [str(task_folder)],
+        "budgets": list(SCALES),
+        "decoding": [{"name": "plain"},
+                     {"name": "bf", "budget_forcing": True, "bf_reserve": BF_RESERVE, "bf_string": BF_STRING}],
+        "lm_eval": {"batch_size": 64, "device": "cpu", "dtype": "float32", "apply_chat_template": True},
+        "report": {"title": "loopeval demo: does the loop pay for its compute?"},
+    }
+    path = out / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: int = 0, recipe: str = "full") -> Path:
+    """Run every stage into ``out`` and return the report's path. ``recipe="convert"``
+    fine-tunes the base without a loop, then trains the twin and the looped model from
+    it by LoRA conversion (paper A.3) for half the steps."""
+    import torch
+
+    from loopeval.core.checkpoint import save_model
+    from loopeval.evaluation.decoding import DEFAULT_ANSWER_STRING, DEFAULT_THINK_STRING
+    from loopeval.evaluation.scoring import user_prompt
+    from loopeval.tools.study import run_study
+    from loopeval.tools.synthetic import make_splits, write_splits
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+    from loopeval.training import TrainConfig, train_model, train_twins
+
+    if size not in SIZES:
+        raise ValueError(f"demo size {size!r}: choose one of {', '.join(SIZES)}")
+    if recipe not in ("full", "convert"):
+        raise ValueError(f"demo recipe {recipe!r}: choose full or convert")
+    spec = SIZES[size]
+    out = Path(out).resolve()
+    if out.exists() and any(out.iterdir()) and not (out / "demo.json").is_file():
+        raise ValueError(f"{out} exists and is not a loopeval demo folder; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("lm-eval", "lm_eval", "transformers", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    start = time.time()
+    torch.manual_seed(seed)
+
+    _say(f"1/5 synthetic task: {spec.n_train} training and {spec.n_test} test problems")
+    train, test = make_splits(spec.n_train, spec.n_test, seed=seed)
+    train_file, test_file = write_splits(out / "data", train, test)
+
+    _say(f"2/5 tiny Qwen3 ({spec.layers} layers, hidden {spec.hidden}) and a BPE tokenizer, built locally")
+    texts = [f"{user_prompt(p.question)} {p.solution}" for p in train] + [DEFAULT_THINK_STRING, DEFAULT_ANSWER_STRING]
+    tokenizer = tiny_tokenizer(texts, vocab_size=spec.vocab)
+    base = tiny_model("qwen3", seed=seed, vocab_size=len(tokenizer), num_layers=spec.layers, hidden=spec.hidden)
+    save_model(base, tokenizer, out / "base")
+
+    _say(f"3/5 training the twin and the looped model ({LOOP}), {spec.steps} steps each")
+    config = TrainConfig(
+        steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=max(1, spec.steps // 12),
+        max_length=160, seed=seed, data_seed=seed, log_every=max(1, spec.steps // 20),
+    )
+    start_from = out / "base"
+    if recipe == "convert":
+        _say(f"    convert: the base is fine-tuned without a loop first, then converted with LoRA ({spec.steps // 2} steps)")
+        start_from = train_model(start_from, train_file, out=out / "finetuned", config=config, overwrite=True).path
+        config = TrainConfig(recipe="convert", steps=spec.steps // 2, batch_size=spec.batch_size, lr=spec.lr,
+                             warmup=max(1, spec.steps // 24), max_length=160, seed=seed, data_seed=seed + 1,
+                             log_every=max(1, spec.steps // 40))
+    twin, looped = train_twins(start_from, train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True)
+
+    task_folder = _task_folder(out, test_file)
+    study = write_study(out, task_folder, twin.path, looped.path)
+    _say(f"4/5 {2 * 2 * len(SCALES)} lm-eval runs of the study {study} (lm-eval's logs: {out / 'logs'})")
+    _say(f"    twin and looped x budgets {', '.join(f'{s:g}x' for s in SCALES)}, budget forcing off and on")
+    result = run_study(study)
+    if result.report is None:
+        raise RuntimeError(f"the demo's evaluations failed: {'; '.join(result.failed)} (logs in {out / 'logs'})")
+
+    _say("5/5 statistics and the report")
+    data = json.loads((out / "report.json").read_text())
+    report = result.report
+    (out / "demo.json").write_text(json.dumps({"size": size, "seed": seed, "loop": LOOP, "recipe": recipe,
+                                               "seconds": time.time() - start}))
+    chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
+    for row in data["decoding"]:
+        _say(f"  {row['setting']:24s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")
+    _say(f"  (always answering the most common test answer scores {100 * chance:.1f}%)")
+    for cond in data["conditions"]:
+        for sentence in cond["verdict"]["sentences"]:
+            _say(f"  [{cond['label']}] {sentence}")
+    _say(f"done in {time.time() - start:.0f} s; open {report}")
+    return report

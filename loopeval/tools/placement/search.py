@@ -1,0 +1,329 @@
+"""``place``: score every candidate placement of a loop by calibrated perplexity.
+
+Paper A.1: "A search that never uses benchmark answers scores candidate spans by
+calibrated perplexity PPL_T, the perplexity at the candidate's own fitted temperature."
+Each candidate's T* minimises its NLL on the validation part of the text; PPL_T is its
+perplexity on the test part at T*. Plain perplexity and the mean KL divergence to the
+unlooped model ("chosen before training by minimum KL divergence to the unlooped
+model") are recorded beside it. The unlooped model is the first row.
+
+Work is done in rounds: the candidates whose windows end at the same layer (then the
+MLP-loop candidates). A round streams the validation batches, fits each candidate's
+T*, streams the test batches, and appends its rows to ``placements.jsonl``; a re-run
+skips candidates already there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from loopeval.core.cost import loop_cost
+from loopeval.core.loop import check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
+from loopeval.core.spec import LoopSpec
+from loopeval.tools.placement.calibration import TEMPERATURE_BOUNDS, TOLERANCE, TestSums, fit_temperature, slope_and_curvature
+from loopeval.tools.placement.engine import NaiveEngine, PassMeter, PrefixEngine
+from loopeval.tools.placement.grid import (DEFAULT_BETAS, DEFAULT_OPERATOR, DEFAULT_TIMES, DEFAULT_WIDTHS, Candidate,
+                                     build_grid, mlp_loop_candidates, rounds)
+from loopeval.tools.placement.results import (PLACEMENTS_NAME, RANK_BY, Correlation, PlacementRow, append_placement,
+                                        correlate, ranked, read_accuracies, read_placements)
+from loopeval.tools.placement.text import SPLITS, ScoringText, load_text
+
+SETTINGS_NAME = "search.json"
+SCORE_ELEMENTS = 1 << 24
+"""Logits scored at once: positions per chunk = SCORE_ELEMENTS // vocabulary size."""
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    """A finished search: every row of ``placements.jsonl`` (the unlooped model first),
+    the ranking metric, and what this run executed."""
+
+    rows: tuple[PlacementRow, ...]
+    rank_by: str
+    out: Path
+    scored: int  # candidates scored by this run (the rest were already in the file)
+    layer_passes: float  # layer passes this run executed, per text position
+    fit_evaluations: int  # passes over validation logits this run's temperature fits took
+    wall_s: float
+    text: dict = field(default_factory=dict)
+    correlations: tuple[Correlation, ...] = ()
+
+    @property
+    def unlooped(self) -> PlacementRow:
+        return next(r for r in self.rows if r.loop is None)
+
+    def ranked(self) -> list[PlacementRow]:
+        return ranked(list(self.rows), self.rank_by)
+
+
+def _settings(model_name: str, num_layers: int, text: ScoringText, *, seq_len, val_fraction, max_tokens,
+              dtype) -> dict:
+    return {
+        "format": 1, "model": model_name, "num_layers": num_layers, "dtype": dtype,
+        "data": str(text.path), "data_sha256": text.sha256, "seq_len": seq_len, "val_fraction": val_fraction,
+        "max_tokens": max_tokens, "temperature_bounds": list(TEMPERATURE_BOUNDS), "tolerance": TOLERANCE,
+    }
+
+
+def _check_resume(out: Path, settings: dict) -> list[PlacementRow]:
+    """The rows already in ``out`` (none for a new folder); refuses a folder of another search."""
+    file, rows = out / SETTINGS_NAME, []
+    if file.exists():
+        stored = json.loads(file.read_text())
+        differ = [k for k in settings if k != "data" and stored.get(k) != settings[k]]
+        if differ:
+            changes = "; ".join(f"{k}: {stored.get(k)!r} there, {settings[k]!r} now" for k in differ)
+            raise ValueError(f"{out} holds a search with other settings ({changes}); give another --out")
+    if (out / PLACEMENTS_NAME).exists():
+        rows = read_placements(out / PLACEMENTS_NAME)
+    return rows
+
+
+def _batches(text: ScoringText, split: str, rows_per_batch: int, device) -> list[tuple[tuple, torch.Tensor, torch.Tensor]]:
+    part = text.part(split)
+    return [((split, i), part.ids[i:i + rows_per_batch].to(device), part.labels[i:i + rows_per_batch].to(device))
+            for i in range(0, part.rows, rows_per_batch)]
+
+
+class _Scorer:
+    """Turns final hidden states into the sums of ``calibration``, chunk by chunk."""
+
+    def __init__(self, model: nn.Module):
+        self.head = model.get_output_embeddings()
+        vocab = self.head.weight.shape[0]
+        self.chunk = max(1, SCORE_ELEMENTS // vocab)
+
+    @staticmethod
+    def positions(labels: torch.Tensor):
+        """Where a next token is scored: hidden position i predicts token i + 1."""
+        mask = labels[:, 1:] != -100
+        return mask, labels[:, 1:][mask]
+
+    def chunks(self, final: torch.Tensor, mask) -> Iterator[torch.Tensor]:
+        h = final[:, :-1][mask]
+        for i in range(0, h.shape[0], self.chunk):
+            yield self.head(h[i:i + self.chunk])
+
+    def kept_logits(self, kept: list[torch.Tensor], targets: list[torch.Tensor]):
+        """``(logits, labels)`` chunks of hidden states kept at scored positions."""
+        for h, y in zip(kept, targets):
+            for i in range(0, h.shape[0], self.chunk):
+                yield self.head(h[i:i + self.chunk]), y[i:i + self.chunk]
+
+    def fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor], start: float):
+        return fit_temperature(lambda b: slope_and_curvature(self.kept_logits(kept, targets), b), start=start)
+
+
+def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFAULT_TIMES, betas=DEFAULT_BETAS,
+          operator: str = DEFAULT_OPERATOR, starts=None, mlp_loop: int = 0, max_tokens: int | None = None,
+          seq_len: int = 1024, val_fraction: float = 0.5, batch_tokens: int = 8192, rank_by: str = "ppl_t",
+          reuse: bool = True, fit_memory: int = 4 << 30, dtype: str | None = None, device: str | None = None,
+          results=None, progress: bool = True) -> PlacementResult:
+    """Score every window of the grid on ``data`` (a JSONL of ``{"text"}`` documents) and
+    write ``out/placements.jsonl``; return the rows.
+
+    ``model`` is an unlooped checkpoint path or hub id (loaded with ``dtype`` onto
+    ``device``; its tokenizer too) or a model (give ``tokenizer``). The grid is every
+    start (or ``starts``), ``widths``, ``times`` (K) and ``betas`` with ``operator``;
+    ``mlp_loop`` > 0 also scores the best ``mlp_loop`` windows by ``rank_by`` with one
+    added MLP-only loop (K=3) at their first layer. ``reuse=False`` runs every candidate
+    as a full forward (the naive search, for comparison). ``fit_memory`` bounds the bytes
+    of validation hidden states kept for the temperature fits (it sets the round size).
+    ``results``, a JSONL of
+    benchmark accuracies (``read_accuracies``), adds Spearman's rho for PPL_T, PPL and KL
+    (paper D.1). Every check on the options, the text and the architecture runs before
+    the first forward pass.
+    """
+    start_time = time.perf_counter()
+    if rank_by not in RANK_BY:
+        raise ValueError(f"rank_by {rank_by!r}: choose one of {', '.join(RANK_BY)}")
+    if isinstance(mlp_loop, bool) or not isinstance(mlp_loop, int) or mlp_loop < 0:
+        raise ValueError(f"mlp_loop {mlp_loop!r}: the number of top windows to try with an MLP loop, >= 0")
+    if results is not None and not Path(results).is_file():
+        raise FileNotFoundError(f"results {results}: no such file")
+    if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+        raise ValueError(f"dtype {dtype!r}: expected a torch dtype name such as float32 or bfloat16")
+    if batch_tokens < seq_len:
+        raise ValueError(f"batch_tokens {batch_tokens}: must hold at least one row of seq_len {seq_len} tokens")
+    if isinstance(model, nn.Module):
+        if tokenizer is None:
+            raise ValueError("place: give the tokenizer with a model object")
+        if loop_config(model) is not None:
+            raise ValueError(f"place searches loops for an unlooped model; this one has {loop_config(model).spec}")
+        num_layers, model_name = count_layers(model), type(model).__name__
+    else:
+        stored = resolve_loop(model)
+        if stored is not None:
+            raise ValueError(f"{model} already has the loop {stored.spec}; place searches loops for the base checkpoint")
+        num_layers = count_layers(model)
+        model_name = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
+    grid = build_grid(num_layers, widths=widths, times=times, betas=betas, operator=operator, starts=starts)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    text = load_text(data, tokenizer, seq_len=seq_len, val_fraction=val_fraction, max_tokens=max_tokens)
+    if not isinstance(model, nn.Module):
+        from loopeval.core.checkpoint import load_model
+
+        model, _ = load_model(model, dtype=getattr(torch, dtype) if dtype else "auto")
+        model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    layers = decoder_layers(model)
+    if mlp_loop:
+        check_sub_layer_support(layers, LoopSpec.parse(f"0:{num_layers}x2/mlp"))
+    out = Path(out)
+    settings = _settings(model_name, num_layers, text, seq_len=seq_len, val_fraction=val_fraction,
+                         max_tokens=max_tokens, dtype=str(next(model.parameters()).dtype))
+    done = {r.key: r for r in _check_resume(out, settings)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SETTINGS_NAME).write_text(json.dumps(settings, indent=2) + "\n")
+
+    device = next(model.parameters()).device
+    rows_per_batch = max(1, batch_tokens // seq_len)
+    batches = {split: _batches(text, split, rows_per_batch, device) for split in SPLITS}
+    engine = (PrefixEngine if reuse else NaiveEngine)(model, batch_tokens=batch_tokens)
+    scorer = _Scorer(model)
+    kept_bytes = text.val.tokens * scorer.head.weight.shape[1] * next(model.parameters()).element_size()
+    round_size = max(1, fit_memory // max(1, kept_bytes))
+    search = _Search(model, engine, scorer, batches, out / PLACEMENTS_NAME, done, progress)
+    with torch.no_grad(), PassMeter(model) as meter:
+        was_training = model.training
+        model.eval()
+        try:
+            search.unlooped(Candidate())
+            pending = [c for c in grid if c.key not in done]
+            search.bar_add(len(pending))
+            for group in rounds(pending, round_size):
+                search.round(group)
+            if mlp_loop:
+                grid_keys = {c.key for c in grid}
+                best = [r for r in ranked(list(search.rows.values()), rank_by) if r.key in grid_keys][:mlp_loop]
+                extra = [c for c in mlp_loop_candidates([_candidate(r) for r in best]) if c.key not in done]
+                search.bar_add(len(extra))
+                for group in rounds(extra, round_size):
+                    search.round(group)
+        finally:
+            model.train(was_training)
+            search.close()
+    rows = read_placements(out / PLACEMENTS_NAME)
+    text_rows = text.val.rows + text.test.rows
+    correlations = tuple(correlate(rows, read_accuracies(results, rows))) if results is not None else ()
+    result = PlacementResult(
+        rows=tuple(rows), rank_by=rank_by, out=out, scored=search.scored, layer_passes=meter.rows / text_rows,
+        fit_evaluations=search.fit_evaluations, wall_s=time.perf_counter() - start_time,
+        text={"val_tokens": text.val.tokens, "test_tokens": text.test.tokens, "val_documents": text.val.documents,
+              "test_documents": text.test.documents, "rows": text_rows, "seq_len": seq_len},
+        correlations=correlations,
+    )
+    from loopeval.tools.placement.report import write_html
+
+    write_html(result, out / "placement.html", list(correlations))
+    return result
+
+
+def _candidate(row: PlacementRow) -> Candidate:
+    return Candidate(row.start, row.width, row.times, row.operator, row.beta)
+
+
+class _Search:
+    """The state one run of ``place`` shares across rounds."""
+
+    def __init__(self, model, engine, scorer, batches, path: Path, done: dict, progress: bool):
+        from tqdm.auto import tqdm
+
+        self.model, self.engine, self.scorer, self.batches, self.path = model, engine, scorer, batches, path
+        self.rows = dict(done)
+        self.base: dict[tuple, torch.Tensor] = {}  # the unlooped final hidden states of each test batch
+        self.base_temperature = 1.0  # the unlooped model's T*: where each candidate's fit starts
+        self.scored = self.fit_evaluations = 0
+        # the bar counts (candidate, text batch) steps, shown in candidates
+        self.steps = sum(len(b) for b in self.batches.values())
+        self.val_tokens = sum(int((labels[:, 1:] != -100).sum()) for _, _, labels in batches["val"])
+        self.bar = tqdm(total=0, unit="cand", unit_scale=1 / self.steps, disable=not progress, dynamic_ncols=True)
+
+    def bar_add(self, n: int) -> None:
+        self.bar.total += n * self.steps
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def _advance(self, candidates: int) -> None:
+        self.bar.update(candidates)
+
+    def _fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
+        fit = self.scorer.fit(kept, targets, self.base_temperature)
+        self.fit_evaluations += fit.evaluations
+        return fit.temperature
+
+    def unlooped(self, candidate: Candidate) -> None:
+        """The first row. Also keeps what every round needs: the unlooped model's final
+        hidden states on the test batches (its logits, for the KL) and, in the prefix
+        engine, each batch's embeddings."""
+        new = candidate.key not in self.rows
+        if new:
+            self.bar_add(1)
+        kept, targets = [], []
+        for key, ids, labels in self.batches["val"]:
+            mask, y = self.scorer.positions(labels)
+            kept.append(self.engine.unlooped(key, ids)[:, :-1][mask])
+            targets.append(y)
+            self._advance(int(new))
+        self.base_temperature = self._fit(kept, targets)
+        del kept
+        test = TestSums(self.base_temperature)
+        for key, ids, labels in self.batches["test"]:
+            final = self.engine.unlooped(key, ids)
+            self.base[key] = final
+            mask, targets = self.scorer.positions(labels)
+            for logits, y in zip(self.scorer.chunks(final, mask), targets.split(self.scorer.chunk)):
+                test.add(logits, y, torch.log_softmax(logits.float(), -1))
+            self._advance(int(new))
+        if new:
+            self._write(candidate, test)
+
+    def round(self, candidates: list[Candidate]) -> None:
+        """Validation: keep each candidate's final hidden states at the scored positions,
+        then fit its T*. Test: score every candidate at its T*, against the unlooped logits."""
+        kept, targets = {c: [] for c in candidates}, []
+        for key, ids, labels in self.batches["val"]:
+            mask, y = self.scorer.positions(labels)
+            targets.append(y)
+            for group, finals in self.engine.round(key, ids, candidates):
+                for c, final in zip(group, finals):
+                    kept[c].append(final[:, :-1][mask])
+            self._advance(len(candidates))
+        test = {c: TestSums(self._fit(kept.pop(c), targets)) for c in candidates}
+        for key, ids, labels in self.batches["test"]:
+            mask, targets = self.scorer.positions(labels)
+            for group, finals in self.engine.round(key, ids, candidates):
+                # the unlooped logits of each chunk are computed once for the whole group
+                chunks = [self.scorer.chunks(self.base[key], mask), *(self.scorer.chunks(f, mask) for f in finals)]
+                for y, base, *logits in zip(targets.split(self.scorer.chunk), *chunks):
+                    base_logprobs = torch.log_softmax(base.float(), -1)
+                    for c, z in zip(group, logits):
+                        test[c].add(z, y, base_logprobs)
+            self._advance(len(candidates))
+        for c in candidates:
+            self._write(c, test[c])
+
+    def _write(self, candidate: Candidate, test: TestSums) -> None:
+        cost = loop_cost(self.model, candidate.spec)
+        row = PlacementRow(
+            loop=None if candidate.spec is None else str(candidate.spec), operator=candidate.operator,
+            beta=candidate.beta, times=candidate.times, width=candidate.width, start=candidate.start,
+            mlp_loop=candidate.mlp_loop, passes=cost.passes, multiplier=cost.multiplier,
+            ppl=math.exp(test.nll / test.tokens), ppl_t=math.exp(test.nll_t / test.tokens),
+            temperature=test.temperature, kl=test.kl / test.tokens, tokens=test.tokens, tokens_val=self.val_tokens,
+        )
+        append_placement(self.path, row)
+        self.rows[row.key] = row
+        self.scored += 1

@@ -1,0 +1,104 @@
+"""``loopeval protocol STUDY.yaml``: every evaluation that both tests need, run resumably
+and in parallel, then the two-test report.
+
+* :mod:`~loopeval.tools.study.spec`: the study file, validated completely before anything runs;
+* :mod:`~loopeval.tools.study.plan`: the evaluations, their folders and the checks before compute;
+* :mod:`~loopeval.tools.study.execute`: lm-eval runs, in one process or parallel workers.
+
+A rerun skips every evaluation already done, restarts a killed one from its resume
+store, and rebuilds the report; ``--report-only`` rebuilds only the report.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from loopeval.tools.study.plan import Evaluation, check_before_compute, expand, expected_cost, status
+from loopeval.tools.study.spec import Study, load_study
+
+__all__ = ["StudyResult", "load_study", "run_study"]
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """What a study run did: each evaluation's outcome ("done", "skipped: done", "planned"
+    or the error) and the report it wrote (``None`` on a dry run, or when an evaluation the
+    report needs failed)."""
+
+    study: Study
+    outcomes: dict[str, str]
+    report: Path | None
+
+    @property
+    def failed(self) -> list[str]:
+        return [n for n, o in self.outcomes.items() if o not in ("done", "skipped: done", "planned")]
+
+
+def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = None, report_only: bool = False,
+              workers: int = 1, devices: list[str] | None = None, progress: bool = True) -> StudyResult:
+    """Validate the study at ``path``, run what is not done yet (``only``: the evaluations
+    whose names match a glob pattern), and write ``OUTPUT/report.html`` and ``report.json``.
+    ``devices`` runs one worker per device; ``workers`` runs that many CPU workers."""
+    from loopeval.tools.study.execute import run_parallel
+
+    study = load_study(path)
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    evaluations = expand(study)
+    chosen = [e for e in evaluations if only is None or fnmatch.fnmatch(e.name, only)]
+    if not chosen:
+        raise ValueError(f"--only {only!r} matches no evaluation; they are named like {evaluations[0].name}")
+    check_before_compute(study, evaluations)
+    todo = [e for e in chosen if status(e, study) == "todo"]
+    outcomes = {e.name: "skipped: done" for e in chosen if e not in todo}
+    if dry_run:
+        cost = expected_cost(study, chosen)
+        _print_plan(study, chosen, todo, cost)
+        return StudyResult(study, {**outcomes, **{e.name: "planned" for e in todo}}, None)
+    if todo and not report_only:
+        expected = expected_cost(study, todo) if len(devices or [None] * workers) > 1 else {}
+        outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
+                                     progress=progress))
+    missing = [e.name for e in evaluations if not e.folder.is_dir()]
+    if missing:
+        print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
+              f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
+        return StudyResult(study, outcomes, None)
+    return StudyResult(study, outcomes, write_study_report(study, evaluations))
+
+
+def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
+    """The two-test report of a finished study, from its evaluation folders."""
+    from loopeval.analysis.report import RunSpec, build_report, write_report
+
+    def spec(e: Evaluation) -> RunSpec:
+        return RunSpec(e.folder, seed=e.model.seed, variant=e.model.variant)
+
+    stats, report = study.statistics, study.report
+    larger = [e for e in evaluations if e.model.role == "larger" and e.scale == stats["default_scale"]]
+    data = build_report(
+        [spec(e) for e in evaluations if e.model.role == "twin"],
+        [spec(e) for e in evaluations if e.model.role == "looped"],
+        larger=spec(larger[0]) if larger else None, sizes=report.get("sizes"),
+        default_scale=stats["default_scale"], cost=stats.get("cost", "passes"),
+        selection=stats.get("selection", "fixed"), alpha=stats.get("alpha", 0.05), margin=stats.get("margin", 0.02),
+        title=report.get("title") or f"{study.name}: does the loop pay for its compute?",
+        strict=bool(report.get("strict", False)), n_resamples=int(stats.get("n_resamples", 10_000)),
+        seed=int(stats.get("seed", 0)),
+    )
+    path = write_report(data, study.output / "report.html", latex_tables=bool(report.get("latex", False)))
+    (study.output / "report.json").write_text(data.to_json())
+    return path
+
+
+def _print_plan(study: Study, chosen: list[Evaluation], todo: list[Evaluation], cost: dict[str, float]) -> None:
+    print(f"study {study.name}: {len(chosen)} evaluations, {len(todo)} to run, into {study.output}")
+    width = max(len(e.name) for e in chosen)
+    for e in chosen:
+        state = "todo" if e in todo else "done"
+        print(f"  {e.name:<{width}}  {state}  budgeted {cost[e.name]:.3g} generated tokens x layer passes")
+    print(json.dumps({"to_run": len(todo), "budgeted_cost": sum(cost[e.name] for e in todo)}))

@@ -1,0 +1,225 @@
+"""The study file: one YAML that names every model, task, budget and decoding rule of a
+two-test study, validated completely before anything runs.
+
+Every error names the file and the key (``study.yaml: models[2].path: ...``). The
+complete format, with an example, is docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loopeval.common.args import as_bool, as_field, as_float, as_int
+from loopeval.core.spec import LOOP_OPTIONS, option_fields
+
+ROLES = ("twin", "looped", "larger")
+STUDY_KEYS = ("name", "output", "models", "tasks", "include_path", "budgets", "decoding", "lm_eval", "statistics",
+              "report", "intended_differences", "allow_manifest_mismatch")
+MODEL_KEYS = ("name", "path", "base", "loop", *LOOP_OPTIONS, "role", "seed", "variant", "model_args")
+LM_EVAL_KEYS = ("batch_size", "dtype", "device", "apply_chat_template", "num_fewshot", "system_instruction",
+                "fewshot_as_multiturn", "gen_kwargs", "model_args")
+STATISTICS_KEYS = ("n_resamples", "seed", "cost", "selection", "alpha", "margin", "default_scale")
+REPORT_KEYS = ("title", "sizes", "strict", "latex")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of the study. ``path`` is a checkpoint (a looped one brings its loop);
+    ``base`` plus ``loop`` loops an unlooped checkpoint at evaluation time."""
+
+    name: str
+    role: str
+    path: str
+    loop: str | None = None
+    loop_options: dict = field(default_factory=dict)  # the given loop options (LOOP_OPTIONS), typed
+    seed: int | None = None
+    variant: str | None = None
+    model_args: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DecodingSpec:
+    """A decoding condition given to every model: a name and the ``looped`` model args
+    of its rules (budget forcing, reserve, repetition stop ...)."""
+
+    name: str
+    args: dict
+
+
+@dataclass(frozen=True)
+class Study:
+    path: Path
+    name: str
+    output: Path
+    models: tuple[ModelSpec, ...]
+    tasks: tuple[str, ...]
+    include_path: tuple[str, ...]
+    budgets: tuple[float, ...]
+    decoding: tuple[DecodingSpec, ...]
+    lm_eval: dict
+    statistics: dict
+    report: dict
+    intended_differences: tuple[str, ...]
+    allow_manifest_mismatch: bool
+
+
+class _Where:
+    """Error messages that name the file and the key."""
+
+    def __init__(self, file: Path):
+        self.file = file
+
+    def error(self, key: str, message: str) -> ValueError:
+        return ValueError(f"{self.file}: {key}: {message}")
+
+    def mapping(self, value, key: str, allowed) -> dict:
+        if not isinstance(value, dict):
+            raise self.error(key, f"expected a mapping, got {type(value).__name__}")
+        unknown = [k for k in value if k not in allowed]
+        if unknown:
+            raise self.error(f"{key}.{unknown[0]}" if key else unknown[0],
+                             f"unknown key; {key or 'a study'} takes {', '.join(allowed)}")
+        return value
+
+    def typed(self, key: str, fn, *args, **kwargs):
+        try:
+            return fn(key.rsplit(".", 1)[-1], *args, **kwargs)
+        except ValueError as exc:
+            raise self.error(key, str(exc)) from None
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study file. Raises ``ValueError`` naming the file and key for an
+    unknown key, a missing value, a duplicate name, a looped model without a twin, or a
+    value of the wrong type. Paths are resolved against the file's folder."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such study file")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    w = _Where(path)
+    raw = w.mapping(raw, "", STUDY_KEYS)
+    for key in ("models", "tasks", "output"):
+        if key not in raw:
+            raise w.error(key, "missing")
+    here = path.parent
+
+    def local(value: str) -> str:
+        candidate = here / value
+        return str(candidate.resolve()) if candidate.exists() else value
+
+    models = []
+    if not isinstance(raw["models"], list) or not raw["models"]:
+        raise w.error("models", "expected a non-empty list of models")
+    for i, m in enumerate(raw["models"]):
+        key = f"models[{i}]"
+        m = w.mapping(m, key, MODEL_KEYS)
+        for need in ("name", "role"):
+            if need not in m:
+                raise w.error(f"{key}.{need}", "missing")
+        if m["role"] not in ROLES:
+            raise w.error(f"{key}.role", f"{m['role']!r}: choose one of {', '.join(ROLES)}")
+        if ("path" in m) == ("base" in m):
+            raise w.error(key, "give either path (a checkpoint) or base (with loop)")
+        if "base" in m and "loop" not in m:
+            raise w.error(f"{key}.base", "base needs a loop; a checkpoint without one is a path")
+        if "path" in m and any(k in m for k in ("loop", *LOOP_OPTIONS)):
+            raise w.error(f"{key}.loop", "a loop goes with base:, not with path: (a looped checkpoint brings its own)")
+        models.append(ModelSpec(
+            name=str(m["name"]), role=m["role"], path=local(str(m.get("path") or m["base"])),
+            loop=None if m.get("loop") is None else str(m["loop"]),
+            loop_options={f.name: w.typed(f"{key}.{f.name}", lambda n, v, f=f: as_field(f, n, v), m[f.name])
+                          for f in option_fields() if m.get(f.name) is not None},
+            seed=None if m.get("seed") is None else w.typed(f"{key}.seed", as_int, m["seed"], minimum=0),
+            variant=None if m.get("variant") is None else str(m["variant"]),
+            model_args=dict(w.mapping(m.get("model_args") or {}, f"{key}.model_args", _ANY)),
+        ))
+    _check_names(w, "models", [m.name for m in models])
+    _check_pairs(w, models)
+
+    tasks = raw["tasks"]
+    tasks = [tasks] if isinstance(tasks, str) else tasks
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
+        raise w.error("tasks", "expected a task or group name, or a list of them")
+    include = raw.get("include_path") or []
+    include = [include] if isinstance(include, str) else include
+    include = [local(str(p)) for p in include]
+
+    statistics = dict(w.mapping(raw.get("statistics") or {}, "statistics", STATISTICS_KEYS))
+    default_scale = w.typed("statistics.default_scale", as_float, statistics.get("default_scale", 1.0), positive=True)
+    budgets = raw.get("budgets", [default_scale])
+    budgets = [budgets] if not isinstance(budgets, list) else budgets
+    budgets = [w.typed(f"budgets[{i}]", as_float, b, positive=True) for i, b in enumerate(budgets)]
+    if default_scale not in budgets:
+        raise w.error("budgets", f"must include the default budget scale {default_scale:g} (statistics.default_scale)")
+    _check_names(w, "budgets", [f"{b:g}" for b in budgets])
+
+    decoding = _decoding(w, raw.get("decoding") or [{"name": "plain"}])
+    lm_eval = dict(w.mapping(raw.get("lm_eval") or {}, "lm_eval", LM_EVAL_KEYS))
+    report = dict(w.mapping(raw.get("report") or {}, "report", REPORT_KEYS))
+    if "sizes" in report:
+        sizes = report["sizes"]
+        if not (isinstance(sizes, list) and len(sizes) == 2):
+            raise w.error("report.sizes", "expected [small, large] parameter counts")
+        report["sizes"] = tuple(w.typed(f"report.sizes[{i}]", as_float, s, positive=True) for i, s in enumerate(sizes))
+    intended = raw.get("intended_differences") or []
+    if not isinstance(intended, list):
+        raise w.error("intended_differences", "expected a list of setting names")
+    return Study(
+        path=path, name=str(raw.get("name") or path.stem), output=(here / str(raw["output"])).resolve(),
+        models=tuple(models), tasks=tuple(tasks), include_path=tuple(include), budgets=tuple(budgets),
+        decoding=decoding, lm_eval=lm_eval, statistics={**statistics, "default_scale": default_scale}, report=report,
+        intended_differences=tuple(str(x) for x in intended),
+        allow_manifest_mismatch=w.typed("allow_manifest_mismatch", as_bool, raw.get("allow_manifest_mismatch", False)),
+    )
+
+
+class _Anything(tuple):
+    def __contains__(self, item) -> bool:
+        return True
+
+
+_ANY = _Anything()
+
+
+def _check_names(w: _Where, key: str, names: list[str]) -> None:
+    seen = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise w.error(f"{key}[{i}]", f"duplicate {name!r}")
+        seen.add(name)
+
+
+def _check_pairs(w: _Where, models: list[ModelSpec]) -> None:
+    """Every looped model has a twin of the same training seed and variant."""
+    twins = {(m.seed, m.variant) for m in models if m.role == "twin"}
+    for i, m in enumerate(models):
+        if m.role == "looped" and (m.seed, m.variant) not in twins:
+            raise w.error(f"models[{i}]", f"the looped model {m.name!r} has no twin with seed {m.seed} and "
+                                          f"variant {m.variant!r}; Δparam needs one")
+
+
+def _decoding(w: _Where, entries) -> tuple[DecodingSpec, ...]:
+    from loopeval.evaluation.model_adapters.looped import DECODING_ARGS, LoopedArgs
+
+    if not isinstance(entries, list) or not entries:
+        raise w.error("decoding", "expected a list of decoding conditions, e.g. [{name: plain}, {name: bf, budget_forcing: true}]")
+    out = []
+    for i, d in enumerate(entries):
+        key = f"decoding[{i}]"
+        d = dict(w.mapping(d, key, ("name", *DECODING_ARGS)))
+        if "name" not in d:
+            raise w.error(f"{key}.name", "missing")
+        name = str(d.pop("name"))
+        try:
+            LoopedArgs.parse(dict(d))
+        except ValueError as exc:
+            raise w.error(key, str(exc)) from None
+        out.append(DecodingSpec(name, d))
+    _check_names(w, "decoding", [d.name for d in out])
+    return tuple(out)

@@ -1,0 +1,102 @@
+"""The bad-input table (docs/reliability.md), re-run as a script: every bad input to a
+loopeval command ends in one line on stderr that names the input, exit status 2, no
+traceback and no silently wrong result. Rows of other test files are listed in the docs
+with their test names; ``test_the_docs_list_every_row`` keeps the two in step."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loopeval.cli import main
+
+HERE = Path(__file__).parents[1]
+RUNS = HERE / "fixtures" / "runs"
+DOCS = HERE.parent / "docs" / "reliability.md"
+
+
+def _corrupt_trace(tmp: Path) -> list[str]:
+    run = tmp / "twin"
+    shutil.copytree(RUNS / "twin", run)
+    (run / "loopeval_trace_crashed.jsonl").write_text('{"kind": "header", "format": 2, "created": 1.0}\n{"ki')
+    return ["compare", str(run), str(RUNS / "looped")]
+
+
+def _bad_loop_config(tmp: Path) -> list[str]:
+    from loopeval import save_model
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    save_model(tiny_model("qwen3", vocab_size=len(tok), num_layers=4), tok, tmp / "ckpt")
+    (tmp / "ckpt" / "loop_config.json").write_text(json.dumps({"loop": "1:3x2", "mix": "x"}))
+    return ["check-cache", "--model", str(tmp / "ckpt")]
+
+
+def _file(tmp: Path) -> Path:
+    (tmp / "a_file").write_text("x")
+    return tmp / "a_file"
+
+
+REPORT = ["report", "--twin", str(RUNS / "twin"), "--looped", str(RUNS / "looped")]
+
+# id: (argv, or a function of a temporary folder returning argv; the message, a regex; exit status)
+TABLE = {
+    "compare-same-run": (["compare", str(RUNS / "twin"), str(RUNS / "twin")], r"baseline and candidate are the same run", 2),
+    "compare-limit": (["compare", str(RUNS / "twin"), str(RUNS / "limited")], r"task toy_aime: the run was cut by --limit", 2),
+    "compare-missing-run": (["compare", str(RUNS / "twin"), "no/such/run"], r"no such run: no/such/run", 2),
+    "compare-corrupt-trace": (_corrupt_trace, r"twin: no loopeval trace \(cannot read the cost traces: .*loopeval_trace_crashed.jsonl:\d: corrupt", 0),
+    "report-larger-looped": ([*REPORT, "--larger", str(RUNS / "looped")], r"given as --larger, but its trace records a loop", 2),
+    "report-out-folder": (lambda tmp: [*REPORT, "--out", str(tmp)], r"--out .*: is a folder", 2),
+    "report-out-under-file": (lambda tmp: [*REPORT, "--out", str(_file(tmp) / "r.html")], r"--out .*a_file/r.html: .*a_file is a file", 2),
+    "report-json-under-file": (lambda tmp: [*REPORT, "--json", str(_file(tmp) / "r.json")], r"--json .*a_file is a file", 2),
+    "report-missing-template": ([*REPORT, "--template", "no_such.j2"], r"--template no_such.j2: no such template", 2),
+    "report-same-run-twice": (["report", "--twin", str(RUNS / "twin"), "--looped", str(RUNS / "looped"), str(RUNS / "looped")],
+                              r"looped is given twice", 2),
+    "check-cache-empty-prompt": (["check-cache", "--prompt", ""], r"prompt 0 is empty", 2),
+    "check-cache-bad-spec": (["check-cache", "--loop", "4:2x2"], r"loop spec '4:2x2': window '4:2x2' has end 2 <= start 4", 2),
+    "check-cache-unbounded-loop": (["check-cache", "--loop", "2:4x1000000000000"],
+                                   r"runs 1000000000000 times; more than 64 passes per layer is refused", 2),
+    "check-cache-huge-window": (["check-cache", "--loop", "0:100000x3"], r"adds 200000 call sites per token", 2),
+    "check-cache-bad-loop-config": (_bad_loop_config, r"ckpt/loop_config.json: not a valid loop configuration \(loop mix 'x'", 2),
+    "place-missing-model": (lambda tmp: ["place", "--model", str(tmp / "no_such_ckpt"), "--data", str(_file(tmp)),
+                                         "--out", str(tmp / "out")], r"no_such_ckpt: no such local folder", 2),
+    "place-missing-relative-model": (["place", "--model", "base", "--data", "x.jsonl", "--out", "out"],
+                                     r"base: no such local folder \(a hub id has the form org/name\)", 2),
+    "check-cache-missing-model": (["check-cache", "--model", "ckpt/looped"],
+                                  r"ckpt/looped: neither a local folder nor a hub model whose config can be read", 2),
+    "power-bad-delta": (["power", str(RUNS / "twin"), str(RUNS / "looped"), "--delta", "2"], r"delta must be a fraction in \(-1, 1\), got 2.0 \(fractions, not points", 2),
+}
+
+
+@pytest.mark.parametrize("row", sorted(TABLE))
+def test_bad_input_gets_one_clear_line(row, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("LOOPEVAL_DEBUG", raising=False)
+    argv, message, status = TABLE[row]
+    argv = argv(tmp_path) if callable(argv) else argv
+    capsys.readouterr()  # what setting up the bad input printed
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert "Traceback" not in err
+    if status == 2:
+        assert err.count("\n") == 1 and err.startswith(f"loopeval {argv[0]}: error: ")
+
+
+def test_argparse_refusals_name_the_option(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["check-cache", "--dtype", "float77"])
+    assert exit_.value.code == 2 and "argument --dtype: invalid choice: 'float77'" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(monkeypatch):
+    monkeypatch.setenv("LOOPEVAL_DEBUG", "1")
+    with pytest.raises(ValueError, match="same run"):
+        main(["compare", str(RUNS / "twin"), str(RUNS / "twin")])
+
+
+def test_the_docs_list_every_row():
+    docs = DOCS.read_text()
+    missing = [row for row in TABLE if f"`{row}`" not in docs]
+    assert not missing, f"docs/reliability.md lacks rows {missing}"

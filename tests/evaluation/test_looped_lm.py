@@ -1,0 +1,348 @@
+"""lm-eval model ``looped``: equal to ``--model hf`` (on the unrolled copy), rules, trace, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import write_generate_task
+
+from loopeval import apply_loop, loop_cost, save_model
+from loopeval.tools.tiny import tiny_model
+from loopeval.evaluation.trace import find_traces
+from loopeval.core.unroll import unrolled_copy
+from support import read_samples, run_lm_eval
+
+QUESTIONS = [
+    "Tom has 3 apples and buys 4 more. How many?",
+    "A train travels 60 miles in 1.5 hours. Speed?",
+    "What is 12 + 30?",
+    "Sara reads 5 pages a day for 6 days. Pages?",
+    "2 + 2 =",
+    "A box holds 8 eggs; 3 boxes hold?",
+]
+
+MC_YAML = """\
+task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}\\nAnswer:"
+doc_to_choice: [" A", " B", " C"]
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    from loopeval.tools.tiny import tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("looped_lm")
+    tokenizer = tiny_tokenizer()
+    base = tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=4)
+    save_model(base, tokenizer, root / "base")
+    unrolled = unrolled_copy(base, "1:3x2")
+    unrolled.save_pretrained(root / "unrolled")
+    tokenizer.save_pretrained(root / "unrolled")
+    save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=4), "1:3x2"), tokenizer, root / "looped")
+    tasks = root / "tasks"
+    tasks.mkdir()
+    rows = [{"question": q, "answer": "7", "label": i % 3} for i, q in enumerate(QUESTIONS)]
+    (tasks / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_generate_task(tasks, "tiny_gen", rows, max_gen_toks=40)
+    (tasks / "tiny_mc.yaml").write_text(MC_YAML.format(data=tasks / "data.jsonl"))
+    return root
+
+
+@pytest.mark.slow
+def test_cli_looped_equals_hf_on_the_unrolled_copy(workdir, tmp_path):
+    common = ["--tasks", "tiny_gen,tiny_mc", "--include_path", str(workdir / "tasks")]
+    looped = run_lm_eval(
+        "--model", "looped", "--model_args", f"pretrained={workdir / 'looped'},trace={tmp_path / 'a'}",
+        "--output_path", str(tmp_path / "a"), *common, cwd=tmp_path,
+    )
+    assert looped.returncode == 0, looped.stderr[-3000:]
+    hf = run_lm_eval(
+        "--model", "hf", "--model_args", f"pretrained={workdir / 'unrolled'}",
+        "--output_path", str(tmp_path / "b"), *common, cwd=tmp_path,
+    )
+    assert hf.returncode == 0, hf.stderr[-3000:]
+    for task in ("tiny_gen", "tiny_mc"):
+        a, b = read_samples(tmp_path / "a", task), read_samples(tmp_path / "b", task)
+        assert sorted(a) == sorted(b) == list(range(len(QUESTIONS)))
+        for doc_id in a:
+            if task == "tiny_gen":
+                assert a[doc_id]["resps"] == b[doc_id]["resps"]
+            else:  # loglikelihoods: same up to float32 summation order
+                la = [r[0][0] for r in a[doc_id]["resps"]]
+                lb = [r[0][0] for r in b[doc_id]["resps"]]
+                assert la == pytest.approx(lb, abs=1e-4)
+    # the trace joins lm-eval's samples on doc_id and prompt_hash
+    (trace,) = find_traces(tmp_path / "a")
+    samples = read_samples(tmp_path / "a", "tiny_gen")
+    assert {(i.doc_id, i.prompt_hash) for i in trace.items} == {(d, s["prompt_hash"]) for d, s in samples.items()}
+    assert trace.header.loop["loop"] == "1:3x2" and trace.header.cache_check["ok"] is True
+
+
+@pytest.fixture(scope="module")
+def evaluate(workdir):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(workdir / "tasks"))
+
+    def run(lm, tasks=("tiny_gen",)):
+        return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=True, verbosity="ERROR")
+
+    return run
+
+
+def _resps(result, task="tiny_gen"):
+    return {s["doc_id"]: s["resps"] for s in result["samples"][task]}
+
+
+def test_without_a_loop_equals_hf(workdir, evaluate):
+    from lm_eval.models.huggingface import HFLM
+
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    path = str(workdir / "base")
+    looped = evaluate(LoopedLM(pretrained=path, device="cpu", batch_size=3), ("tiny_gen", "tiny_mc"))
+    hf = evaluate(HFLM(pretrained=path, device="cpu", batch_size=3), ("tiny_gen", "tiny_mc"))
+    assert _resps(looped) == _resps(hf)
+    assert _resps(looped, "tiny_mc") == _resps(hf, "tiny_mc")
+
+
+def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    lm = LoopedLM(
+        pretrained=str(workdir / "looped"), device="cpu", batch_size=4,
+        budget_scale=1.5, budget_forcing=True, bf_reserve=30, trace=str(tmp_path),
+    )
+    result = evaluate(lm)
+    (trace,) = find_traces(tmp_path)
+    assert len(trace.items) == len(QUESTIONS)
+    cost = loop_cost(lm.model, "1:3x2")
+    samples = {s["doc_id"]: s for s in result["samples"]["tiny_gen"]}
+    for item in trace.items:
+        assert item.task == "tiny_gen" and item.max_gen_toks == 60  # 40 x 1.5
+        assert item.prompt_hash == samples[item.doc_id]["prompt_hash"]
+        assert item.passes_per_token == 6
+        assert item.flops == pytest.approx(cost.generation_flops(item.prompt_tokens, item.generated_tokens))
+        # the "scaled" rule: the forcing string whole, and its 30 - S tokens of answer room at 1x times 1.5
+        string = max(len(ids) for ids in lm.force_ids)
+        assert item.bf_reserve == string + round((30 - string) * 1.5)
+        if not item.finished:  # a random model rarely ends: forcing fired at 60 - reserve
+            assert item.forced_at == 60 - item.bf_reserve and item.generated_tokens == 60
+            assert "The final answer is \\boxed{" in samples[item.doc_id]["resps"][0][0]
+    assert any(not i.finished for i in trace.items)
+    d = trace.header.decoding
+    assert (d.budget_forcing, d.bf_reserve, d.bf_reserve_rule, d.budget_scale) == (True, 30, "scaled", 1.5)
+    assert trace.header.loop["loop"] == "1:3x2"
+    assert trace.header.multiplier == pytest.approx(1.5)
+
+
+def test_check_cache_failure_stops_the_run(workdir, evaluate):
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    lm = LoopedLM(pretrained=str(workdir / "looped"), device="cpu", batch_size=4)
+    hooks = lm.model._loopeval.layers[2]._forward_hooks
+    (key, hook), = hooks.items()
+    hooks[key] = lambda m, a, k, out: hook(m, a, k, out) if out.shape[1] > 1 else None  # decode skips the loop
+    with pytest.raises(RuntimeError, match="MISMATCH.*differs from full recomputation"):
+        evaluate(lm)
+
+
+def test_bad_input(workdir, evaluate, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    path = str(workdir / "base")
+    with pytest.raises(ValueError, match=r"unknown model arg\(s\) loop_opertor; valid: .*loop_operator"):
+        LoopedLM(pretrained=path, loop="1:3x2", loop_opertor="damped")
+    with pytest.raises(ValueError, match="loop_beta given without loop="):
+        LoopedLM(pretrained=path, loop_beta=0.5)
+    with pytest.raises(ValueError, match="already has the loop 1:3x2"):
+        LoopedLM(pretrained=str(workdir / "looped"), loop="0:2x2")
+    lm = LoopedLM(pretrained=path, device="cpu", budget_forcing=True, bf_reserve=512)
+    with pytest.raises(ValueError, match=r"task 'tiny_gen': bf_reserve=512 .* must be smaller than the token budget max_gen_toks=40"):
+        evaluate(lm)
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights loaded before the spec was checked")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_weights)
+    with pytest.raises(ValueError, match="past the last layer"):
+        LoopedLM(pretrained=path, loop="2:9x2")
+    with pytest.raises(ValueError, match="cannot parse"):
+        LoopedLM(pretrained=path, loop="2to4")
+
+
+@pytest.mark.slow
+def test_registered_in_a_fresh_interpreter():
+    code = (
+        "from lm_eval.api.registry import get_model; "
+        "print(get_model('looped').__name__, get_model('hf').__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["LoopedLM", "HFLM"], out.stderr[-2000:]
+
+
+def test_thinking_responses_keep_their_block(workdir, evaluate, tmp_path):
+    """With a thinking template, responses start with <think>, and budget forcing closes
+    the block with the thinking string, so a scorer can tell finished from unfinished."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from loopeval.evaluation.decoding import DEFAULT_THINK_STRING
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    lm = LoopedLM(
+        pretrained=str(workdir / "looped"), device="cpu", batch_size=6, enable_thinking=True,
+        budget_forcing=True, bf_reserve=30, trace=str(tmp_path),
+    )
+    result = simple_evaluate(
+        model=lm, tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(workdir / "tasks")),
+        apply_chat_template=True, log_samples=True, verbosity="ERROR",
+    )
+    (trace,) = find_traces(tmp_path)
+    forced = {i.doc_id for i in trace.items if i.forced_at is not None}
+    assert forced  # a random model never closes its thinking by itself
+    for sample in result["samples"]["tiny_gen"]:
+        assert sample["arguments"][0][0].endswith("<|im_start|>assistant\n<think>\n")
+        text = sample["resps"][0][0]
+        assert text.startswith("<think>")
+        if sample["doc_id"] in forced:
+            assert DEFAULT_THINK_STRING.strip() in text and "</think>" in text
+
+
+# -- model args mean what they say ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ({"budget_forcing": "no", "repetition_stop": "OFF", "check_cache": False}, (False, False, False)),
+    ({"budget_forcing": "false", "repetition_stop": 0, "check_cache": "0"}, (False, False, False)),  # JSON "false"
+    ({"budget_forcing": "Yes", "repetition_stop": "on", "check_cache": True}, (True, True, True)),
+])
+def test_boolean_args_accept_every_common_spelling(raw, expected):
+    from loopeval.evaluation.model_adapters.looped import LoopedArgs
+
+    args = LoopedArgs.parse(dict(raw))
+    assert (args.budget_forcing, args.repetition_stop, args.check_cache) == expected
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"budget_forcing": "maybe"}, r"budget_forcing='maybe': expected a boolean"),
+    ({"bf_reserve": 1.7}, r"bf_reserve=1.7: expected a whole number"),
+    ({"bf_reserve": "0"}, r"bf_reserve='0': must be >= 1"),
+    ({"budget_scale": "abc"}, r"budget_scale='abc': expected a finite number"),
+    ({"budget_scale": "nan"}, r"budget_scale='nan': expected a finite number"),
+    ({"budget_scale": -1}, r"budget_scale=-1: must be > 0"),
+    ({"bf_reserve_rule": "half"}, r"bf_reserve_rule='half': choose one of scaled, fixed"),
+    ({"bf_when_answered": "always"}, r"bf_when_answered='always': choose one of skip, force"),
+    ({"loop_operator": "cubic"}, r"loop_operator='cubic': choose one of repeat, damped"),
+    ({"trace": ""}, r"trace='': expected a folder path"),
+])
+def test_bad_arg_values_name_the_arg(raw, message):
+    from loopeval.evaluation.model_adapters.looped import LoopedArgs
+
+    with pytest.raises(ValueError, match=message):
+        LoopedArgs.parse(dict(raw))
+
+
+def test_bad_paths_fail_before_weights_load(workdir, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=r"trace=.*a_file/out: cannot create the folder"):
+        LoopedLM(pretrained=str(workdir / "looped"), trace=str(blocker / "out"))
+    with pytest.raises(ValueError, match=r"pretrained=.*no_such_ckpt: no such local folder"):
+        LoopedLM(pretrained=str(tmp_path / "no_such_ckpt"))
+
+
+def test_use_cache_is_refused_before_any_work(workdir, tmp_path):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    with pytest.raises(ValueError, match="--use_cache keys a result on the request alone.*resume_dir"):
+        simple_evaluate(model="looped", model_args=f"pretrained={workdir / 'looped'},device=cpu",
+                        tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(workdir / "tasks")),
+                        use_cache=str(tmp_path / "cache"), verbosity="ERROR")
+
+
+# -- resuming: every item's output and trace equal an uninterrupted run's ----------------------
+
+
+def _run_items(evaluate, trace_dir, **args):
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    lm = LoopedLM(device="cpu", batch_size=2, trace=str(trace_dir), **args)
+    resps = _resps(evaluate(lm))
+    items = sorted((i for t in find_traces(trace_dir) for i in t.items), key=lambda i: i.doc_id)
+    return resps, items
+
+
+def test_resume_after_a_crash_and_a_shared_store_equal_uninterrupted_runs(workdir, evaluate, tmp_path, monkeypatch):
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    forcing = dict(pretrained=str(workdir / "looped"), budget_forcing=True, bf_reserve=20)
+    plain = dict(pretrained=str(workdir / "looped"), budget_scale=0.5)
+    truth = {name: _run_items(evaluate, tmp_path / f"{name}_truth", **args)
+             for name, args in (("forcing", forcing), ("plain", plain))}
+
+    store = tmp_path / "store"
+    generate, calls = LoopedLM._generate, []
+
+    def crash_on_the_second_batch(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return generate(self, *a, **k)
+
+    monkeypatch.setattr(LoopedLM, "_generate", crash_on_the_second_batch)
+    with pytest.raises(KeyboardInterrupt):
+        _run_items(evaluate, tmp_path / "killed", resume_dir=str(store), **forcing)
+    monkeypatch.setattr(LoopedLM, "_generate", generate)
+    assert len((store / "loopeval_responses.jsonl").read_text().splitlines()) == 2  # the first batch
+
+    resumed = _run_items(evaluate, tmp_path / "resumed", resume_dir=str(store), **forcing)
+    other = _run_items(evaluate, tmp_path / "other", resume_dir=str(store), **plain)  # same store, other settings
+    assert resumed == truth["forcing"] and other == truth["plain"]
+    assert len((store / "loopeval_responses.jsonl").read_text().splitlines()) == 2 * len(QUESTIONS)
+
+
+# -- budget forcing runs at every budget of the sweep -----------------------------------------
+
+
+def test_the_budget_forcing_sweep_runs_on_gsm8k(workdir, tmp_path):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from support import FIXTURES, local_tasks
+
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.common.paths import tasks_path
+
+    folder = local_tasks(tmp_path / "tasks", {"gsm8k_boxed": FIXTURES / "gsm8k.jsonl"})
+    manager = TaskManager(include_path=[str(tasks_path()), str(folder)])
+    for scale in (0.5, 1.0):  # 384 and 768 tokens; the paper's 512-token reserve fits only at 1x
+        out = tmp_path / f"bf_{scale}"
+        lm = LoopedLM(pretrained=str(workdir / "looped"), device="cpu", batch_size=4, budget_forcing=True,
+                      budget_scale=scale, trace=str(out))
+        simple_evaluate(model=lm, tasks=["gsm8k_boxed"], task_manager=manager, apply_chat_template=True,
+                        verbosity="ERROR")
+        (trace,) = find_traces(out)
+        string = max(len(ids) for ids in lm.force_ids)
+        assert trace.items and all(i.bf_reserve == string + round((512 - string) * scale) for i in trace.items)
+        assert all(i.forced_at == i.max_gen_toks - i.bf_reserve for i in trace.items if not i.finished)

@@ -1,0 +1,166 @@
+"""Helpers shared by test modules (plain functions and classes; fixtures live in conftest.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lm_eval
+import torch
+import yaml
+from lm_eval.api.model import LM
+from lm_eval.tasks import TaskManager
+from torch import nn
+
+from loopeval import LoopSpec
+from loopeval.common.paths import tasks_path
+
+
+TASKS = tasks_path()
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
+
+
+FIXTURE_FILES = {
+    "gsm8k_boxed": "gsm8k.jsonl",
+    "math500_boxed": "math500.jsonl",
+    "aime24_boxed": "aime24.jsonl",
+    "aime25_boxed": "aime25.jsonl",
+    "gpqa_diamond_boxed": "gpqa_diamond.jsonl",
+    "arc_challenge_letter": "arc_challenge.jsonl",
+    "commonsenseqa_letter": "commonsenseqa.jsonl",
+}
+
+
+class _IgnoreTags(yaml.SafeLoader):
+    """Reads lm-eval YAML without resolving ``!function`` tags."""
+
+
+def local_tasks(folder: Path, data_files: dict[str, Path]) -> Path:
+    """Write into ``folder`` one YAML per task that includes loopeval's YAML of the same name
+    and reads ``data_files[task]`` (JSON lines) instead of the hub dataset; return ``folder``.
+
+    Pass ``[tasks_path(), folder]`` as lm-eval's include path: the later folder wins, so
+    loopeval's groups pick up the local tasks.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for task, data in data_files.items():
+        source = TASKS / f"{task}.yaml"
+        split = yaml.load(source.read_text(), Loader=_IgnoreTags)["test_split"]
+        cache = folder.with_name(f"{folder.name}_hf")
+        override = {
+            "include": str(source),
+            "task": task,
+            "dataset_path": "json",
+            "dataset_name": None,
+            "dataset_kwargs": {"data_files": {split: str(data)}, "cache_dir": str(cache)},
+        }
+        (folder / f"{task}.yaml").write_text(yaml.safe_dump(override))
+    return folder
+
+
+class ScriptedLM(LM):
+    """A model that answers from a script: ``respond(prompt)`` is the generated text and
+    ``pick(prompt)`` the option letter it prefers. It records every request it gets."""
+
+    def __init__(self, tokenizer, respond=None, pick=None):
+        super().__init__()
+        self._tokenizer = tokenizer
+        self.respond, self.pick = respond, pick
+        self.generations = []  # (prompt, generation kwargs)
+        self.scored = []  # (prompt, continuation)
+
+    def apply_chat_template(self, chat_history, add_generation_prompt=True):
+        return self._tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    @property
+    def tokenizer_name(self):
+        return "tiny-chatml"
+
+    def chat_template(self, chat_template=False):
+        return self._tokenizer.chat_template
+
+    def generate_until(self, requests):
+        self.generations += [r.args for r in requests]
+        return [self.respond(r.args[0]) for r in requests]
+
+    def loglikelihood(self, requests):
+        pairs = [r.args for r in requests]
+        self.scored += pairs
+        return [(0.0 if cont.strip() == self.pick(prompt) else -1.0, False) for prompt, cont in pairs]
+
+    def loglikelihood_rolling(self, requests):
+        raise AssertionError("no loopeval task asks for rolling log-likelihoods")
+
+
+def evaluate(lm, tasks, include: Path, *, chat=True, **kwargs):
+    manager = TaskManager(include_path=[str(TASKS), str(include)], include_defaults=False)
+    return lm_eval.simple_evaluate(
+        model=lm, tasks=tasks, task_manager=manager, apply_chat_template=chat, bootstrap_iters=0, **kwargs
+    )
+
+
+def rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines()]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def manual_loop(model, ids, window, step):
+    """Run the decoder by hand: ``step(g, x0)`` gives the window's output, where
+    ``g(h)`` applies layers window[0]..window[1]-1 once, uncached."""
+    from transformers.masking_utils import create_causal_mask
+
+    inner = model.model
+    x = inner.embed_tokens(ids)
+    pos = torch.arange(ids.shape[1]).unsqueeze(0)
+    pe = inner.rotary_emb(x, pos)
+    mask = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None, cache=None, position_ids=pos)
+
+    kwargs = dict(attention_mask=mask, position_embeddings=pe, position_ids=pos)
+
+    def layer(j, h):
+        return inner.layers[j](h, **kwargs)
+
+    def g(h):
+        for j in range(*window):
+            h = layer(j, h)
+        return h
+
+    g.kwargs = {j: kwargs for j in range(len(inner.layers))}
+
+    h = x
+    for j in range(window[0]):
+        h = layer(j, h)
+    h = step(g, h)
+    for j in range(window[1], len(inner.layers)):
+        h = layer(j, h)
+    return model.lm_head(inner.norm(h))
+
+
+def naive_loop(model, spec):
+    """The common mistake: reuse the layer modules in a longer layer list, so every
+    pass of a layer writes the same cache slot (its own ``layer_idx``)."""
+    schedule = LoopSpec.parse(spec).schedule(len(model.model.layers))
+    model.model.layers = nn.ModuleList(model.model.layers[j] for j in schedule)
+    model.config.layer_types = [model.config.layer_types[j] for j in schedule]
+    model.config.num_hidden_layers = len(schedule)
+    return model
+
+
+def read_samples(out: Path, task: str) -> dict[int, dict]:
+    (file,) = out.rglob(f"samples_{task}_*.jsonl")
+    return {s["doc_id"]: s for s in map(json.loads, file.read_text().splitlines())}
+
+
+def run_lm_eval(*args, cwd):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "lm_eval", "--device", "cpu", "--batch_size", "4", "--log_samples", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)

@@ -1,0 +1,147 @@
+"""``loopeval protocol``: study files validated before compute, evaluations that resume and
+never count half-written, parallel workers, and the report at the end."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import write_generate_task
+
+from loopeval.cli import main
+from loopeval.tools.study import load_study, run_study
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A base checkpoint, its twin and looped model (random weights), and a tiny task."""
+    from loopeval import apply_loop, save_model
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("study")
+    tok = tiny_tokenizer()
+    save_model(tiny_model("qwen3", vocab_size=len(tok), num_layers=4), tok, root / "twin")
+    save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tok), num_layers=4), "1:3x2"), tok, root / "looped")
+    rows = [{"question": f"What is {a} + {a}?", "answer": str(2 * a)} for a in range(6)]
+    write_generate_task(root / "tasks", "tiny_boxed", rows, max_gen_toks=16)
+    return root
+
+
+def _study(world: Path, folder: Path, **changes) -> Path:
+    study = {
+        "name": "tiny",
+        "output": str(folder / "out"),
+        "models": [{"name": "twin", "role": "twin", "path": str(world / "twin")},
+                   {"name": "looped", "role": "looped", "path": str(world / "looped")}],
+        "tasks": ["tiny_boxed"],
+        "include_path": [str(world / "tasks")],
+        "budgets": [0.5, 1],
+        "decoding": [{"name": "plain"}],
+        "lm_eval": {"batch_size": 3, "device": "cpu"},
+        "statistics": {"n_resamples": 200},
+    }
+    study.update(changes)
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"modles": []}, r"study.yaml: modles: unknown key"),
+    ({"models": [{"name": "twin", "role": "twin", "path": "nowhere/at/all"}]}, r"models\[0\] \(twin\): .*nowhere/at/all"),
+    ({"models": [{"name": "looped", "role": "looped", "base": "B", "loop": "1:3x2"}]}, r"models\[0\]: the looped model 'looped' has no twin"),
+    ({"models": [{"name": "a", "role": "twin", "path": "x"}, {"name": "a", "role": "twin", "path": "y"}]}, r"models\[1\]: duplicate 'a'"),
+    ({"models": [{"name": "a", "role": "boss", "path": "x"}]}, r"models\[0\].role: 'boss': choose one of twin, looped, larger"),
+    ({"budgets": [0.5, 2]}, r"budgets: must include the default budget scale 1"),
+    ({"decoding": [{"name": "bf", "budget_forcing": "maybe"}]}, r"decoding\[0\]: budget_forcing='maybe': expected a boolean"),
+    ({"decoding": [{"name": "bf", "forcing": True}]}, r"decoding\[0\].forcing: unknown key"),
+    ({"lm_eval": {"batch": 3}}, r"lm_eval.batch: unknown key"),
+])
+def test_a_bad_study_file_names_the_file_and_key(world, tmp_path, change, message):
+    path = _study(world, tmp_path, **change)
+    with pytest.raises((ValueError, OSError), match=message):
+        study = load_study(path)
+        from loopeval.tools.study.plan import check_before_compute, expand
+
+        check_before_compute(study, expand(study))
+
+
+def test_checks_before_compute(world, tmp_path):
+    from loopeval.tools.study.plan import check_before_compute, expand
+
+    def check(**change):
+        study = load_study(_study(world, tmp_path, **change))
+        check_before_compute(study, expand(study))
+
+    with pytest.raises(ValueError, match=r"tasks\[0\]: lm-eval cannot find task or group 'tiny_boxd'"):
+        check(tasks=["tiny_boxd"])
+    with pytest.raises(ValueError, match=r"models\[1\] \(looped\): .*window 2:9x2 reaches past the last layer"):
+        check(models=[{"name": "twin", "role": "twin", "path": str(world / "twin")},
+                      {"name": "looped", "role": "looped", "base": str(world / "twin"), "loop": "2:9x2"}])
+    with pytest.raises(ValueError, match=r"role twin, but .*looped is looped \(1:3x2\)"):
+        check(models=[{"name": "twin", "role": "twin", "path": str(world / "looped")},
+                      {"name": "looped", "role": "looped", "path": str(world / "looped")}])
+    with pytest.raises(ValueError, match=r"looped and its twin twin get different model_args \(enable_thinking\)"):
+        check(models=[{"name": "twin", "role": "twin", "path": str(world / "twin")},
+                      {"name": "looped", "role": "looped", "path": str(world / "looped"),
+                       "model_args": {"enable_thinking": True}}])
+    check(models=[{"name": "twin", "role": "twin", "path": str(world / "twin")},
+                  {"name": "looped", "role": "looped", "path": str(world / "looped"), "model_args": {"enable_thinking": True}}],
+          intended_differences=["enable_thinking"])
+
+
+def test_a_study_runs_resumes_and_refuses_to_overwrite_other_settings(world, tmp_path, monkeypatch, capsys):
+    from loopeval.tools.study import execute
+
+    path = _study(world, tmp_path)
+    plan = run_study(path, dry_run=True)
+    out = capsys.readouterr().out
+    assert set(plan.outcomes.values()) == {"planned"}
+    # twin: 4 layer passes x 16 tokens x 6 items x 0.5 = 192; looped (1:3x2): 6 passes
+    budgeted = dict(re.findall(r"(\S+__plain__\S+) +todo +budgeted (\S+) ", out))
+    assert budgeted == {"twin__plain__0.5x": "192", "twin__plain__1x": "384", "looped__plain__0.5x": "288",
+                        "looped__plain__1x": "576"}
+
+    calls, real = [], execute.run_lm_eval
+
+    def killed_on_the_third(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+
+    monkeypatch.setattr(execute, "run_lm_eval", killed_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(path, progress=False)
+    evals = tmp_path / "out" / "evals"
+    assert sorted(p.name for p in evals.iterdir() if not p.name.startswith(".")) == ["twin__plain__0.5x", "twin__plain__1x"]
+    monkeypatch.setattr(execute, "run_lm_eval", real)
+
+    result = run_study(path, progress=False)
+    assert result.outcomes == {"twin__plain__0.5x": "skipped: done", "twin__plain__1x": "skipped: done",
+                               "looped__plain__0.5x": "done", "looped__plain__1x": "done"}
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["loop"] == "1:3x2" and len(report["runs"]) == 4
+    again = run_study(path, progress=False)  # everything done: only the report is rebuilt
+    assert set(again.outcomes.values()) == {"skipped: done"} and again.report == result.report
+
+    changed = _study(world, tmp_path, lm_eval={"batch_size": 2, "device": "cpu"})
+    with pytest.raises(ValueError, match=r"evaluation twin__plain__0.5x: .* was made with other settings "
+                                         r"\(lm_eval.batch_size: 3 then, 2 now\)"):
+        run_study(changed, progress=False)
+    assert main(["protocol", str(changed)]) == 2
+
+
+@pytest.mark.slow
+def test_two_workers_on_the_cpu(world, tmp_path):
+    path = _study(world, tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "loopeval", "protocol", str(path), "--workers", "2"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "wrote" in proc.stdout and (tmp_path / "out" / "report.html").is_file()
+    evals = sorted(p.name for p in (tmp_path / "out" / "evals").iterdir() if not p.name.startswith("."))
+    assert evals == ["looped__plain__0.5x", "looped__plain__1x", "twin__plain__0.5x", "twin__plain__1x"]
