@@ -24,7 +24,7 @@ import inspect
 import os
 import platform
 from collections import defaultdict, deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 import torch
@@ -32,17 +32,12 @@ from lm_eval.models.huggingface import HFLM
 from transformers import LogitsProcessorList
 
 import loopeval
-from loopeval.common.args import as_bool, as_choice, as_float, as_int, as_text
+from loopeval.common.args import as_bool, as_field, as_int, as_text
 from loopeval.core.cache_check import check_cache as run_cache_check
 from loopeval.core.checkpoint import weights_fingerprint
 from loopeval.core.loop import check_source
 from loopeval.core.cost import loop_cost
 from loopeval.evaluation.decoding import (
-    DEFAULT_RESERVE,
-    RESERVE_RULES,
-    THINK_CLOSE,
-    THINK_OPEN,
-    WHEN_ANSWERED,
     DecodingRules,
     RowOutcome,
     cut_at_stop,
@@ -51,80 +46,69 @@ from loopeval.evaluation.decoding import (
     scaled_budget,
 )
 from loopeval.core.loop import apply_loop, loop_config, resolve_loop
-from loopeval.core.spec import MIX_SOURCES, OPERATORS
+from loopeval.core.spec import LOOP_OPTIONS, option_fields
 from loopeval.evaluation.responses import ResponseStore, request_key
+from loopeval.evaluation.settings import DECODING_OPTIONS, DEFAULT_RESERVE, THINK_CLOSE, THINK_OPEN, DecodingOptions
 from loopeval.evaluation.serving import CACHES, check_compile_backend, generation_options
 from loopeval.evaluation.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter, prompt_hash
 
 
 @dataclass(frozen=True)
-class LoopedArgs:
-    """The model args ``looped`` adds to ``--model hf``'s, parsed from lm-eval's strings.
+class AdapterArgs:
+    """The model args of ``looped`` itself (beside the loop's and the decoding options').
 
-    ``loop``, ``loop_operator``, ``loop_beta``, ``loop_mix``, ``loop_mix_source``: a
-    loop to apply (a checkpoint written by ``loopeval.save_model`` brings its own).
-    ``exit_after``: run the loop's first k steps and read the output there (004's
-    fixed exit; :meth:`loopeval.core.loop.LoopConfig.exit_after`), exactly cached and
-    charged as k steps. ``check_cache``:
-    check cached looped decoding against full recomputation on the first batch.
-    ``budget_forcing``, ``bf_reserve`` (tokens at the default budget, the paper's 512),
-    ``bf_reserve_rule`` (how the reserve follows ``budget_scale``: ``scaled`` or
-    ``fixed``, :func:`loopeval.evaluation.decoding.effective_reserve`), ``bf_string`` (auto:
-    ``DEFAULT_THINK_STRING`` in an open thinking block, ``DEFAULT_ANSWER_STRING``
-    otherwise), ``bf_when_answered`` (``skip`` rows that already boxed an answer, or
-    ``force`` them). ``repetition_stop``: the same insertion when the output repeats a
-    period of 4-256 tokens three times. ``budget_scale``: multiplies every task's
-    ``max_gen_toks``. ``trace``: a folder for the per-item cost trace. ``resume_dir``:
-    a folder of finished generations; a rerun serves them (:mod:`loopeval.evaluation.responses`).
+    ``exit_after``: run the loop's first k steps and read the output there (004's fixed
+    exit; :meth:`loopeval.core.spec.LoopConfig.exit_after`), exactly cached and charged as
+    k steps. ``check_cache``: check cached looped decoding against full recomputation on
+    the first batch. ``trace``: a folder for the per-item cost trace. ``resume_dir``: a
+    folder of finished generations; a rerun serves them (:mod:`loopeval.evaluation.responses`).
     ``cache_implementation`` (``dynamic`` or ``static``) and ``compile`` (the decode step
     under ``torch.compile``, which needs ``static``) are passed to ``generate``
-    (:func:`loopeval.evaluation.serving.generation_options`); they change speed, not outputs, so the
-    trace records them beside, not among, the shared decoding settings.
+    (:func:`loopeval.evaluation.serving.generation_options`); they change speed, not
+    outputs, so the trace records them beside, not among, the shared decoding settings.
     """
 
-    loop: str | None = None
-    loop_operator: str | None = None
-    loop_beta: float | None = None
-    loop_mix: float | None = None
-    loop_mix_source: str | None = None
-    exit_after: int | None = None
+    exit_after: int | None = field(default=None, metadata={"parse": lambda n, v: as_int(n, v, minimum=1)})
     check_cache: bool = True
-    budget_forcing: bool = False
-    bf_reserve: int = DEFAULT_RESERVE
-    bf_reserve_rule: str = "scaled"
-    bf_string: str | None = None
-    bf_when_answered: str = "skip"
-    repetition_stop: bool = False
-    budget_scale: float = 1.0
-    trace: str | None = None
-    resume_dir: str | None = None
-    cache_implementation: str = "dynamic"
+    trace: str | None = field(default=None, metadata={"parse": lambda n, v: _folder(n, v)})
+    resume_dir: str | None = field(default=None, metadata={"parse": lambda n, v: _folder(n, v)})
+    cache_implementation: str = field(default="dynamic", metadata={"choices": CACHES})
     compile: bool = False
 
-    @classmethod
-    def parse(cls, raw: dict) -> LoopedArgs:
-        """Every value checked and typed; errors name the arg. ``raw`` keeps HFLM's args."""
-        parsers = {
-            "loop": as_text, "loop_operator": lambda n, v: as_choice(n, v, OPERATORS),
-            "loop_beta": as_float, "loop_mix": as_float,
-            "loop_mix_source": lambda n, v: as_choice(n, v, MIX_SOURCES), "exit_after": lambda n, v: as_int(n, v, minimum=1),
-            "check_cache": as_bool, "budget_forcing": as_bool,
-            "bf_reserve": lambda n, v: as_int(n, v, minimum=1),
-            "bf_reserve_rule": lambda n, v: as_choice(n, v, RESERVE_RULES), "bf_string": as_text,
-            "bf_when_answered": lambda n, v: as_choice(n, v, WHEN_ANSWERED), "repetition_stop": as_bool,
-            "budget_scale": lambda n, v: as_float(n, v, positive=True), "trace": _folder, "resume_dir": _folder,
-            "cache_implementation": lambda n, v: as_choice(n, v, CACHES), "compile": as_bool,
-        }
-        values = {}
-        for f in fields(cls):
-            if f.name in raw:
-                value = raw.pop(f.name)
-                values[f.name] = None if value is None else parsers[f.name](f.name, value)
-        return cls(**values)
+
+def _loop_fields() -> list:
+    """``loop`` and ``loop_<option>`` for every loop option, all ``None`` when not given."""
+    spec = [("loop", str | None, field(default=None, metadata={"parse": as_text}))]
+    return spec + [(f"loop_{f.name}", f.type, field(default=None, metadata=f.metadata)) for f in option_fields()]
 
 
-DECODING_ARGS = ("budget_forcing", "bf_reserve", "bf_reserve_rule", "bf_string", "bf_when_answered", "repetition_stop")
-"""The args of the free decoding rules: a decoding condition that both sides of a comparison share."""
+def _copied(cls) -> list:
+    return [(f.name, f.type, field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+            for f in fields(cls)]
+
+
+LoopedArgs = make_dataclass("LoopedArgs", [*_loop_fields(), *_copied(DecodingOptions), *_copied(AdapterArgs)],
+                            frozen=True)
+LoopedArgs.__doc__ = """The model args ``looped`` adds to ``--model hf``'s: the loop (``loop`` and
+``loop_<option>`` for each field of :class:`loopeval.core.spec.LoopConfig`), the decoding
+options (the fields of :class:`loopeval.evaluation.settings.DecodingOptions`) and the
+adapter's own (:class:`AdapterArgs`). Derived from those definitions, so a new field
+there is a new model arg here."""
+
+
+def parse_args(raw: dict):
+    """Every ``looped`` arg in ``raw`` checked and typed (popped); errors name the arg.
+    ``raw`` keeps HFLM's args."""
+    values = {f.name: as_field(f, f.name, raw.pop(f.name)) for f in fields(LoopedArgs)
+              if f.name in raw and raw[f.name] is not None}
+    for f in fields(LoopedArgs):
+        raw.pop(f.name, None)
+    return LoopedArgs(**values)
+
+
+def decoding_options(args) -> DecodingOptions:
+    """The decoding options of parsed ``LoopedArgs``."""
+    return DecodingOptions(**{name: getattr(args, name) for name in DECODING_OPTIONS})
 
 
 def _folder(name: str, value) -> str:
@@ -174,7 +158,7 @@ class LoopedLM(HFLM):
         unknown = sorted(set(kwargs) - set(_valid_args()))
         if unknown:
             raise ValueError(f"looped: unknown model arg(s) {', '.join(unknown)}; valid: {', '.join(_valid_args())}")
-        args = LoopedArgs.parse(kwargs)
+        args = parse_args(kwargs)
         generation_options(args.cache_implementation, args.compile)  # refuses compile without the static cache
         if args.compile:
             check_compile_backend(kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -185,8 +169,8 @@ class LoopedLM(HFLM):
                 raise ValueError(f"looped: pretrained={exc}") from None
         # The loop is checked against the config before HFLM loads any weights.
         self.loop = resolve_loop(
-            pretrained, args.loop, operator=args.loop_operator, beta=args.loop_beta, mix=args.loop_mix,
-            mix_source=args.loop_mix_source, arg_prefix="loop_", revision=kwargs.get("revision"),
+            pretrained, args.loop, **{name: getattr(args, f"loop_{name}") for name in LOOP_OPTIONS},
+            arg_prefix="loop_", revision=kwargs.get("revision"),
             trust_remote_code=kwargs.get("trust_remote_code", False),
         )
         if args.exit_after is not None:
@@ -234,16 +218,9 @@ class LoopedLM(HFLM):
 
     def decoding_settings(self) -> DecodingSettings:
         """The settings both sides of a comparison must share."""
-        a, template = self.args, self.tokenizer.chat_template
-        forcing = a.budget_forcing
-        return DecodingSettings(
-            budget_forcing=forcing,
-            bf_reserve=a.bf_reserve if forcing else None,
-            bf_reserve_rule=a.bf_reserve_rule if forcing else None,
-            bf_string=a.bf_string if forcing else None,
-            bf_when_answered=a.bf_when_answered if forcing else None,
-            repetition_stop=a.repetition_stop,
-            budget_scale=a.budget_scale,
+        template = self.tokenizer.chat_template
+        return DecodingSettings.record(
+            decoding_options(self.args),
             dtype=str(next(self.model.parameters()).dtype).replace("torch.", ""),
             batch_size=str(self.batch_size),
             chat_template_sha=prompt_hash(template) if template else None,

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from loopeval.core.loop import check_sub_layer_support, decoder_layers
-from loopeval.core.spec import CallSite, LoopSpec
+from loopeval.core.spec import charged_passes, CallSite, LoopSpec
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class _LayerCost:
 class LoopCost:
     """Per-token cost of a looped model and of its unlooped base.
 
-    ``passes`` is the layer-pass count the paper charges (a whole number, or a
-    half-integer for an odd number of sub-layer block passes) and ``multiplier`` its
+    ``passes`` is the layer-pass count the paper charges (:func:`loopeval.core.spec.charged_passes`,
+    a float: a sub-layer block pass is half a layer pass) and ``multiplier`` its
     c = passes / base_passes. ``layer_params`` are each layer's stored parameters and
     ``active_layer_params`` those a token multiplies by (they differ for MoE layers).
     FLOP figures are forward FLOPs; ``bytes_per_element`` (default 2, bf16) sizes the
@@ -69,7 +69,7 @@ class LoopCost:
 
     spec: LoopSpec
     base_passes: int
-    passes: int | float
+    passes: float
     layer_params: tuple[int, ...]
     active_layer_params: tuple[int, ...]
     head_params: int
@@ -259,7 +259,7 @@ def loop_cost(model_or_config, spec: str | LoopSpec | None, *, bytes_per_element
     return LoopCost(
         spec=spec,
         base_passes=len(layers),
-        passes=len(layers) + spec.extra_passes,
+        passes=charged_passes(len(layers), spec),
         layer_params=tuple(_numel(layer) for layer in layers),
         active_layer_params=tuple(c.attn_params + c.mlp_params for c in costs),
         head_params=head.weight.numel() if head is not None else 0,

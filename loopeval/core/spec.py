@@ -199,6 +199,15 @@ class LoopSpec:
         return LoopSpec(tuple(dataclasses.replace(w, times=passes) for w in self.windows))
 
 
+def charged_passes(num_layers: int, spec: LoopSpec | None) -> float:
+    """The layer passes per token the paper charges a model of ``num_layers`` layers looped
+    by ``spec`` (``None``: unlooped), N + m. A.2: "We charge the loop its layer passes,
+    (N+m)/N, which matches the measured slowdown of memory-bound decoding." A sub-layer
+    block pass is half a layer pass (:data:`PASS_CHARGE`), so the charge is a float. Every
+    cost in loopeval (``loop_cost``, traces, studies, serving) is computed here."""
+    return float(num_layers + (0 if spec is None else spec.extra_passes))
+
+
 LOOP_CONFIG_NAME = "loop_config.json"
 """The file beside a checkpoint's weights that stores its loop (like PEFT's ``adapter_config.json``)."""
 

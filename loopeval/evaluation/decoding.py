@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor
 
+from loopeval.evaluation.settings import DEFAULT_RESERVE, RESERVE_RULES, THINK_CLOSE, THINK_OPEN, WHEN_ANSWERED
+
 # Qwen's recommended thinking-budget string: it closes the thinking block.
 DEFAULT_THINK_STRING = (
     "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n</think>\n\n"
@@ -32,13 +34,9 @@ DEFAULT_THINK_STRING = (
 # For rows without an open thinking block: an answer cue in the tasks' boxed format.
 DEFAULT_ANSWER_STRING = "\n\nConsidering the limited time, I have to give the final answer now.\nThe final answer is \\boxed{"
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REPETITION_PERIODS = (4, 256)  # shortest and longest period, in tokens
 REPETITION_TIMES = 3
 
-DEFAULT_RESERVE = 512
-RESERVE_RULES = ("scaled", "fixed")
-WHEN_ANSWERED = ("skip", "force")
 SKIPPED_ANSWERED = "answered"  # the trace's reason when forcing skips an answered row
 
 

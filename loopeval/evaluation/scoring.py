@@ -29,9 +29,9 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
+from loopeval.evaluation.settings import THINK_CLOSE, THINK_OPEN
+
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 TIMEOUT_SECONDS = 5
 """Limit for each math-verify parse and comparison, in whole seconds (main thread only)."""
 

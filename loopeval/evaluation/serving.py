@@ -111,7 +111,7 @@ class ModelServing:
 
     name: str
     loop: str | None
-    passes: int | float  # layer passes per token (the paper's charge)
+    passes: float  # layer passes per token (core.spec.charged_passes, the paper's charge)
     generation_flops: float  # forward FLOPs of one prompt_tokens + new_tokens generation, per row
     weight_bytes: int
     kv_bytes_per_token: int  # loop_cost, at the model's dtype

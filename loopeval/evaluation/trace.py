@@ -22,7 +22,7 @@ Every following line is one generation request::
     {"kind": "item", "task": str, "doc_id": int, "idx": int, "prompt_hash": str,
      "prompt_tokens": int, "generated_tokens": int, "max_gen_toks": int,
      "finished": bool, "forced_at": int | null, "repetition_stop_at": int | null,
-     "passes_per_token": int, "flops": float, "bf_reserve": int | null,
+     "passes_per_token": float, "flops": float, "bf_reserve": int | null,
      "forcing_skipped": str | null}
 
 ``prompt_hash`` is lm-eval's own (sha256 of the request context), so records join
@@ -44,27 +44,34 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from loopeval.common.jsonl import read_jsonl
+from loopeval.evaluation.settings import DecodingOptions
 
 FORMAT = 2
 PREFIX = "loopeval_trace_"
 
 
 @dataclass(frozen=True)
-class DecodingSettings:
-    """How one evaluation decodes. Every field is a setting that both sides of a
-    comparison must share (:data:`SHARED`): a difference is a fairness failure."""
+class DecodingSettings(DecodingOptions):
+    """How one evaluation decodes: its :class:`DecodingOptions` as recorded (forcing
+    options ``None`` without forcing) and what it recorded about itself. Every field is a
+    setting that both sides of a comparison must share (:data:`SHARED`): a difference is
+    a fairness failure."""
 
-    budget_forcing: bool = False
-    bf_reserve: int | None = None  # None when budget forcing is off; tokens at budget_scale 1
-    bf_reserve_rule: str | None = None  # how the reserve follows the budget (decoding.RESERVE_RULES)
-    bf_string: str | None = None  # None: the automatic strings (or forcing off)
-    bf_when_answered: str | None = None  # skip or force rows that already boxed an answer
-    repetition_stop: bool = False
-    budget_scale: float = 1.0
     dtype: str | None = None
     batch_size: str | None = None
     chat_template_sha: str | None = None
     chat_template_args: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.budget_forcing:
+            for f in fields(DecodingOptions):
+                if f.metadata.get("forcing"):
+                    object.__setattr__(self, f.name, None)
+
+    @classmethod
+    def record(cls, options: DecodingOptions, **recorded) -> DecodingSettings:
+        """The settings of an evaluation run with ``options``."""
+        return cls(**asdict(options), **recorded)
 
     def differences(self, other: DecodingSettings) -> list[str]:
         """``"name: mine vs theirs"`` for every shared setting that differs."""
@@ -148,7 +155,7 @@ class TraceItem:
     finished: bool
     forced_at: int | None
     repetition_stop_at: int | None
-    passes_per_token: int
+    passes_per_token: float  # core.spec.charged_passes: a sub-layer loop charges half passes
     flops: float
     bf_reserve: int | None = None  # the reserve budget forcing used for this request, in tokens
     forcing_skipped: str | None = None  # why budget forcing left an unfinished row alone

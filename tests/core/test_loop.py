@@ -95,7 +95,7 @@ def test_malformed_specs(spec, message):
 def test_spec_past_last_layer_fails_before_touching_the_model():
     model = tiny_model("qwen3", num_layers=4)
     with pytest.raises(ValueError, match="past the last layer"):
-        apply_loop(model, "2:5x2")
+        apply_loop(model, "2:5x2", operator="repeat")
     assert loop_config(model) is None
     assert not model.model.layers[3]._forward_hooks
 
@@ -105,12 +105,12 @@ def test_bad_options():
     with pytest.raises(ValueError, match="unknown"):
         apply_loop(model, "1:3x2", operator="cubic")
     with pytest.raises(ValueError, match="only the 'damped'"):
-        apply_loop(model, "1:3x2", beta=0.5)
+        apply_loop(model, "1:3x2", operator="repeat", beta=0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         apply_loop(model, "1:3x2", operator="damped", beta=1.5)
-    apply_loop(model, "1:3x2")
+    apply_loop(model, "1:3x2", operator="repeat")
     with pytest.raises(ValueError, match="already looped"):
-        apply_loop(model, "1:3x2")
+        apply_loop(model, "1:3x2", operator="repeat")
 
 
 def test_sub_layer_loop_on_unknown_layers_is_refused():
@@ -121,9 +121,9 @@ def test_sub_layer_loop_on_unknown_layers_is_refused():
     model = Olmo2ForCausalLM(Olmo2Config(num_hidden_layers=3, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                                          num_key_value_heads=2, vocab_size=64))
     with pytest.raises(ValueError, match="Olmo2DecoderLayer"):
-        apply_loop(model, "0:2x2/mlp")
+        apply_loop(model, "0:2x2/mlp", operator="repeat")
     assert loop_config(model) is None
-    apply_loop(model, "0:2x2")
+    apply_loop(model, "0:2x2", operator="repeat")
 
 
 def test_unsupported_architecture_is_named():
@@ -131,7 +131,7 @@ def test_unsupported_architecture_is_named():
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        apply_loop(model, "0:1x2")
+        apply_loop(model, "0:1x2", operator="repeat")
 
 
 # -- equivalence with the unrolled copy ----------------------------------------------
@@ -153,7 +153,7 @@ def test_looped_equals_unrolled(arch):
     reference = unrolled_copy(model, spec)
     params = [p.data_ptr() for p in model.parameters()]
     keys = list(model.state_dict())
-    apply_loop(model, spec)
+    apply_loop(model, spec, operator="repeat")
     assert [p.data_ptr() for p in model.parameters()] == params
     assert list(model.state_dict()) == keys
     assert sum(p.numel() for p in reference.parameters()) > sum(p.numel() for p in model.parameters())
@@ -188,7 +188,7 @@ def test_sub_layer_loop_equals_unrolled(arch, spec):
     ids, mask = _batch()
     with torch.no_grad():
         base = model(ids, attention_mask=mask).logits
-        apply_loop(model, spec)
+        apply_loop(model, spec, operator="repeat")
         looped = model(ids, attention_mask=mask).logits
         unrolled = reference(ids, attention_mask=mask).logits
         kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
@@ -214,7 +214,7 @@ def test_sub_layer_loop_cached_equals_uncached(arch, spec, tokenizer):
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_cached_equals_uncached(arch, tokenizer):
-    model = apply_loop(tiny_model(arch, vocab_size=len(tokenizer)), SPECS[arch])
+    model = apply_loop(tiny_model(arch, vocab_size=len(tokenizer)), SPECS[arch], operator="repeat")
     result = check_cache(model, tokenizer, max_new_tokens=24)
     assert result.ok, result
     assert result.max_abs_diff < 1e-4
@@ -222,7 +222,7 @@ def test_cached_equals_uncached(arch, tokenizer):
 
 
 def test_uncached_forward_has_no_cache_side_effects():
-    model = apply_loop(tiny_model("qwen3"), "1:4x3")
+    model = apply_loop(tiny_model("qwen3"), "1:4x3", operator="repeat")
     ids, mask = _batch()
     with torch.no_grad():
         first = model(ids, attention_mask=mask, use_cache=False).logits
@@ -235,7 +235,7 @@ def test_remove_loop_restores_the_base_model():
     ids, mask = _batch()
     with torch.no_grad():
         base = model(ids, attention_mask=mask).logits
-        apply_loop(model, "1:4x2")
+        apply_loop(model, "1:4x2", operator="repeat")
         looped = model(ids, attention_mask=mask).logits
         remove_loop(model)
         again = model(ids, attention_mask=mask).logits
@@ -251,7 +251,7 @@ def test_cache_filled_without_the_loop_is_refused():
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(ids, cache=cache, use_cache=True)
-        apply_loop(model, "1:4x2")
+        apply_loop(model, "1:4x2", operator="repeat")
         with pytest.raises(ValueError, match="without the loop"):
             model(ids[:, -1:], cache=cache, use_cache=True)
 
@@ -290,7 +290,7 @@ def test_mix_operator():
 
     with torch.no_grad():
         expected = manual_loop(model, ids, (1, 5), mixed)
-        apply_loop(model, "1:5x3", mix=0.7)
+        apply_loop(model, "1:5x3", mix=0.7, operator="repeat")
         got = model(ids).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
@@ -349,7 +349,7 @@ def test_check_cache_catches_a_shared_cache_slot(tokenizer):
 def test_check_cache_catches_a_decode_path_that_skips_the_loop(tokenizer):
     """Another common mistake: the loop runs at prefill only, so decode steps skip it.
     Nothing crashes; the tokens silently drift from full recomputation."""
-    model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), "1:4x3")
+    model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), "1:4x3", operator="repeat")
     runtime = model._loopeval
     looper = runtime.layers[3]._forward_hooks
     (key, hook), = [(k, h) for k, h in looper.items()]

@@ -78,19 +78,19 @@ def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
     def spec(e: Evaluation) -> RunSpec:
         return RunSpec(e.folder, seed=e.model.seed, variant=e.model.variant)
 
-    stats, report = study.statistics, study.report
-    larger = [e for e in evaluations if e.model.role == "larger" and e.scale == stats["default_scale"]]
+    report = study.report
+    larger = [e for e in evaluations if e.model.role == "larger" and e.scale == study.default_scale]
+    options = study.stat_options
     data = build_report(
         [spec(e) for e in evaluations if e.model.role == "twin"],
         [spec(e) for e in evaluations if e.model.role == "looped"],
-        larger=spec(larger[0]) if larger else None, sizes=report.get("sizes"),
-        default_scale=stats["default_scale"], cost=stats.get("cost", "passes"),
-        selection=stats.get("selection", "fixed"), alpha=stats.get("alpha", 0.05), margin=stats.get("margin", 0.02),
+        larger=spec(larger[0]) if larger else None, sizes=report.get("sizes"), default_scale=study.default_scale,
+        cost=options.cost, selection=options.selection, alpha=options.alpha, margin=options.margin,
+        n_resamples=options.n_resamples, seed=options.seed,
         title=report.get("title") or f"{study.name}: does the loop pay for its compute?",
-        strict=bool(report.get("strict", False)), n_resamples=int(stats.get("n_resamples", 10_000)),
-        seed=int(stats.get("seed", 0)),
+        strict=report.get("strict", False),
     )
-    path = write_report(data, study.output / "report.html", latex_tables=bool(report.get("latex", False)))
+    path = write_report(data, study.output / "report.html", latex_tables=report.get("latex", False))
     (study.output / "report.json").write_text(data.to_json())
     return path
 

@@ -161,13 +161,21 @@ def expected_cost(study: Study, evaluations: list[Evaluation]) -> dict[str, floa
     for task_name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items():
         if task.OUTPUT_TYPE != "generate_until":
             continue
-        per_item = int(task.config.generation_kwargs.get("max_gen_toks", 256)) * int(task.config.repeats or 1)
+        per_item = int(task.config.generation_kwargs.get("max_gen_toks", _lm_eval_max_gen_toks())) * int(task.config.repeats or 1)
         budgets[task_name] = per_item * len(task.eval_docs)
     passes = {}
     for m in study.models:
         loop = resolve_loop(m.path, m.loop, **m.loop_options)
         passes[m.name] = loop_cost(AutoConfig.from_pretrained(m.path), loop.spec if loop else None).passes
     return {e.name: sum(budgets.values()) * e.scale * passes[e.model.name] for e in evaluations}
+
+
+def _lm_eval_max_gen_toks() -> int:
+    """lm-eval's own budget for a task that sets none: ``HFLM.max_gen_toks``, a constant
+    property in lm-eval 0.4.13 (read from lm-eval, not restated)."""
+    from lm_eval.models.huggingface import HFLM
+
+    return int(HFLM.max_gen_toks.fget(None))
 
 
 def _leaf_tasks(tree) -> dict:

@@ -7,11 +7,13 @@ complete format, with an example, is docs/protocol.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from loopeval.common.args import as_bool, as_field, as_float, as_int
 from loopeval.core.spec import LOOP_OPTIONS, option_fields
+from loopeval.evaluation.settings import DECODING_OPTIONS, DecodingOptions
+from loopeval.analysis.stats.options import STAT_OPTIONS, StatOptions
 
 ROLES = ("twin", "looped", "larger")
 STUDY_KEYS = ("name", "output", "models", "tasks", "include_path", "budgets", "decoding", "lm_eval", "statistics",
@@ -19,7 +21,7 @@ STUDY_KEYS = ("name", "output", "models", "tasks", "include_path", "budgets", "d
 MODEL_KEYS = ("name", "path", "base", "loop", *LOOP_OPTIONS, "role", "seed", "variant", "model_args")
 LM_EVAL_KEYS = ("batch_size", "dtype", "device", "apply_chat_template", "num_fewshot", "system_instruction",
                 "fewshot_as_multiturn", "gen_kwargs", "model_args")
-STATISTICS_KEYS = ("n_resamples", "seed", "cost", "selection", "alpha", "margin", "default_scale")
+STATISTICS_KEYS = (*STAT_OPTIONS, "default_scale")
 REPORT_KEYS = ("title", "sizes", "strict", "latex")
 
 
@@ -58,7 +60,8 @@ class Study:
     budgets: tuple[float, ...]
     decoding: tuple[DecodingSpec, ...]
     lm_eval: dict
-    statistics: dict
+    stat_options: StatOptions
+    default_scale: float
     report: dict
     intended_differences: tuple[str, ...]
     allow_manifest_mismatch: bool
@@ -162,6 +165,9 @@ def load_study(path: str | Path) -> Study:
     decoding = _decoding(w, raw.get("decoding") or [{"name": "plain"}])
     lm_eval = dict(w.mapping(raw.get("lm_eval") or {}, "lm_eval", LM_EVAL_KEYS))
     report = dict(w.mapping(raw.get("report") or {}, "report", REPORT_KEYS))
+    for flag in ("strict", "latex"):
+        if flag in report:
+            report[flag] = w.typed(f"report.{flag}", as_bool, report[flag])
     if "sizes" in report:
         sizes = report["sizes"]
         if not (isinstance(sizes, list) and len(sizes) == 2):
@@ -173,7 +179,9 @@ def load_study(path: str | Path) -> Study:
     return Study(
         path=path, name=str(raw.get("name") or path.stem), output=(here / str(raw["output"])).resolve(),
         models=tuple(models), tasks=tuple(tasks), include_path=tuple(include), budgets=tuple(budgets),
-        decoding=decoding, lm_eval=lm_eval, statistics={**statistics, "default_scale": default_scale}, report=report,
+        decoding=decoding, lm_eval=lm_eval, default_scale=default_scale, report=report,
+        stat_options=StatOptions(**{f.name: w.typed(f"statistics.{f.name}", lambda n, v, f=f: as_field(f, n, v),
+                                                    statistics[f.name]) for f in fields(StatOptions) if f.name in statistics}),
         intended_differences=tuple(str(x) for x in intended),
         allow_manifest_mismatch=w.typed("allow_manifest_mismatch", as_bool, raw.get("allow_manifest_mismatch", False)),
     )
@@ -205,19 +213,17 @@ def _check_pairs(w: _Where, models: list[ModelSpec]) -> None:
 
 
 def _decoding(w: _Where, entries) -> tuple[DecodingSpec, ...]:
-    from loopeval.evaluation.model_adapters.looped import DECODING_ARGS, LoopedArgs
-
     if not isinstance(entries, list) or not entries:
         raise w.error("decoding", "expected a list of decoding conditions, e.g. [{name: plain}, {name: bf, budget_forcing: true}]")
     out = []
     for i, d in enumerate(entries):
         key = f"decoding[{i}]"
-        d = dict(w.mapping(d, key, ("name", *DECODING_ARGS)))
+        d = dict(w.mapping(d, key, ("name", *DECODING_OPTIONS)))
         if "name" not in d:
             raise w.error(f"{key}.name", "missing")
         name = str(d.pop("name"))
         try:
-            LoopedArgs.parse(dict(d))
+            DecodingOptions.parse(dict(d))
         except ValueError as exc:
             raise w.error(key, str(exc)) from None
         out.append(DecodingSpec(name, d))
