@@ -273,7 +273,7 @@ def _passes(text: str) -> tuple[int, int]:
 
 
 def _stages(text: str):
-    from loopeval.training.joint import parse_stages
+    from loopeval.training.config import parse_stages
 
     try:
         return parse_stages(text)

@@ -57,77 +57,14 @@ teacher, on the same batches.
 from __future__ import annotations
 
 import copy
-import math
 from contextlib import nullcontext
 
 import torch
 
 from loopeval.core.loop import apply_loop, decoder_layers, loop_config, loop_disabled, loop_hooks_paused, remove_loop, whole_layer
 from loopeval.training.objectives import kl_and_nll_sums, nll_sum
+from loopeval.training.config import RECEIVERS
 from loopeval.training.recipes import Forwards, Recipe
-
-TEACHERS = ("frozen-original", "online", "frozen-looped")
-RECEIVERS = {"single": ("single",), "loop": ("loop",), "both": ("single", "loop")}
-STAGES = ("loop", "single", "joint")
-"""Stage objectives: CE on the looped output alone, on the single pass alone, the joint objective."""
-
-
-def parse_stages(text: str) -> tuple[tuple[str, int], ...]:
-    """``"loop:100,joint:200"`` -> ``(("loop", 100), ("joint", 200))`` (the ``--stages`` option)."""
-    stages = []
-    for part in str(text).split(","):
-        name, sep, steps = part.strip().partition(":")
-        try:
-            stages.append((name.strip(), int(steps)))
-        except ValueError:
-            raise ValueError(f"stages {text!r}: cannot read {part.strip()!r}; expected NAME:STEPS pairs such as "
-                             f"loop:100,joint:200 (names: {', '.join(STAGES)})") from None
-    return tuple(stages)
-
-
-def format_stages(stages) -> str:
-    return ",".join(f"{name}:{steps}" for name, steps in stages)
-
-
-def check_joint(config) -> None:
-    """Refuse a ``joint`` config that cannot train as asked (from ``TrainConfig``)."""
-
-    def need(ok: bool, what: str):
-        if not ok:
-            raise ValueError(f"TrainConfig: {what}")
-
-    for name in ("single_weight", "loop_weight", "kd_weight"):
-        value = getattr(config, name)
-        need(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0, f"{name} must be >= 0, got {value}")
-    need(config.teacher is None or config.teacher in TEACHERS,
-         f"teacher {config.teacher!r}: choose one of {', '.join(TEACHERS)} (or none)")
-    need(config.receiver is None or config.receiver in RECEIVERS,
-         f"receiver {config.receiver!r}: choose one of {', '.join(RECEIVERS)}")
-    need(config.teacher is None or config.receiver is not None,
-         f"teacher {config.teacher!r} guides no output; give receiver single, loop or both (--receiver)")
-    need(config.receiver is None or config.teacher is not None,
-         f"receiver {config.receiver!r} without a teacher; give teacher {', '.join(TEACHERS)} (--teacher)")
-    need(not (config.teacher == "online" and config.receiver in ("loop", "both")),
-         f"teacher 'online' is the current looped output itself; it can only guide the single pass (receiver "
-         f"single), not {config.receiver!r}")
-    need(config.matched_from is None or config.teacher is None,
-         f"matched_from {config.matched_from!r}: a matched-CE control has no teacher, got {config.teacher!r}")
-    need(config.teacher is None or config.kd_weight > 0, "kd_weight must be > 0 with a teacher")
-    total = config.single_weight + config.loop_weight + (config.kd_weight if config.teacher else 0.0)
-    need(total > 0, f"single_weight + loop_weight{' + kd_weight' if config.teacher else ''} is 0: nothing to optimise")
-    if config.stages is not None:
-        stages = parse_stages(config.stages) if isinstance(config.stages, str) else config.stages
-        object.__setattr__(config, "stages", tuple(stages))
-        need(len(stages) > 0, "stages is empty")
-        for name, steps in stages:
-            need(name in STAGES, f"stages {format_stages(stages)}: unknown stage {name!r}; choose from {', '.join(STAGES)}")
-            need(isinstance(steps, int) and steps >= 1, f"stages {format_stages(stages)}: stage {name!r} has {steps} steps; "
-                 "each needs >= 1")
-        need(sum(s for _, s in stages) == config.steps,
-             f"stages {format_stages(stages)} add up to {sum(s for _, s in stages)} steps, not steps={config.steps}")
-        need(any(name == "joint" for name, _ in stages) or config.teacher is None,
-             f"teacher {config.teacher!r}: no joint stage in {format_stages(stages)} uses it")
-
 
 def matched_ce(config):
     """The coefficient-matched CE control of a KD ``config`` (002, Fig. 1: "Matched CE

@@ -30,7 +30,6 @@ import torch
 
 from loopeval.core.loop import decoder_layers, loop_disabled
 from loopeval.core.spec import LoopConfig
-from loopeval.training import loop_convert
 from loopeval.training.config import ALL_LINEAR, TrainConfig, format_passes
 from loopeval.training.hashing import weights_sha256
 from loopeval.training.objectives import kl_and_nll_sums, nll_sum
@@ -299,22 +298,6 @@ class LoopConvert(Recipe):
         return {"exit": {"steps": len(self.p_steps[0]) if self.p_steps else None, "p": self.p_steps,
                          "collapses": [list(e) for e in episodes]},
                 "mix": {"init": c.mix_init, "trained": trained, "weight": mix_weight(trained)}}
-
-
-def recipe_classes() -> dict[str, type[Recipe]]:
-    """Every recipe's class by name, in ``RECIPES`` order (``joint`` lives in its own module,
-    which builds on :class:`Recipe`)."""
-    from loopeval.training.joint import Joint
-
-    return {cls.name: cls for cls in (Full, Convert, ContinuedPretraining, Joint, LoopConvert)}
-
-
-RECIPE_OPERATORS = {"loop-convert": loop_convert.OPERATOR}
-"""Recipes whose paper fixes the loop operator: it is used when none is given (and the recipe checks it)."""
-
-
-def make_recipe(config: TrainConfig, loop: LoopConfig | None) -> Recipe:
-    return recipe_classes()[config.recipe](config, loop)
 
 
 def lora_modules(base, targets: str | tuple[str, ...]) -> tuple[str, ...]:

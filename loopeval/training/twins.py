@@ -16,7 +16,8 @@ from loopeval.core.loop import resolve_loop
 from loopeval.core.spec import LoopConfig, LoopSpec
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
-from loopeval.training.recipes import RECIPE_OPERATORS, Recipe, make_recipe
+from loopeval.training.recipes import Recipe
+from loopeval.training.registry import RECIPE_OPERATORS, make_recipe
 from loopeval.training.runner import LOOPED, TWIN, TrainResult, check_first_step, train_one
 
 
@@ -28,7 +29,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
 def _resolve(base: str | Path, loop, recipe: str, options: dict) -> LoopConfig | None:
     """The loop to train (``None``: the twin), checked against ``base`` before weights load.
     Twins start from an unlooped checkpoint, so a looped base is refused. A recipe that
-    fixes its operator (:data:`loopeval.training.recipes.RECIPE_OPERATORS`) gives the
+    fixes its operator (:data:`loopeval.training.registry.RECIPE_OPERATORS`) gives the
     operator when none is given."""
     stored = resolve_loop(base)
     if stored is not None:

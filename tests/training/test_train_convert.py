@@ -178,7 +178,7 @@ def test_bad_conversion_options_fail_before_weights_load(work, tmp_path, monkeyp
         f"model.layers.{i}.self_attn.{n}" for i in range(6) for n in ("q_proj", "v_proj"))
     assert "lm_head" not in lora_modules(work / "base", "all-linear")
     from loopeval.training.manifest import RECIPES
-    from loopeval.training.recipes import recipe_classes
+    from loopeval.training.registry import recipe_classes
 
     assert tuple(recipe_classes()) == RECIPES
 

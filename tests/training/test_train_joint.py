@@ -16,7 +16,8 @@ from loopeval.analysis.report.training import costs
 from loopeval.tools.tiny import tiny_model
 from loopeval.training import TrainConfig, batch_order, load_data, train_model, train_twins
 from loopeval.training.data import collate
-from loopeval.training.joint import matched_ce, parse_stages, two_path_logits
+from loopeval.training.config import parse_stages
+from loopeval.training.joint import matched_ce, two_path_logits
 
 LETTERS = string.ascii_lowercase[:10]
 LOOP = "2:6x2"  # 002's shape: 8 blocks, blocks 2-5 repeated
@@ -287,7 +288,7 @@ def test_a_finished_joint_recipe_holds_neither_its_model_nor_its_teacher(work, t
     from transformers import PreTrainedModel
 
     from loopeval.core.loop import resolve_loop
-    from loopeval.training.recipes import make_recipe
+    from loopeval.training.registry import make_recipe
     from loopeval.training.runner import train_one
 
     config = TrainConfig(**{**BASE, "steps": 1, "teacher": "frozen-looped", "receiver": "loop"})

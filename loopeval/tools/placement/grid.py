@@ -9,15 +9,13 @@ configurations on 36 layers. "Adding one MLP loop inside the best windows gives 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from loopeval.core.spec import OPERATORS, LoopConfig, LoopSpec
+from loopeval.core.spec import DEFAULT_OPERATOR, LoopConfig, LoopSpec
 
 DEFAULT_WIDTHS = tuple(range(2, 9))
 DEFAULT_TIMES = (2, 3, 4)
 DEFAULT_BETAS = (0.0, 0.25, 0.5)
-DEFAULT_OPERATOR = "damped"
 MLP_LOOP_TIMES = 3
 """"plus one MLP loop (K=3) at its first layer" (paper A.1)."""
 
@@ -62,8 +60,6 @@ def build_grid(num_layers: int, *, widths=DEFAULT_WIDTHS, times=DEFAULT_TIMES, b
     """Every window of the grid that fits ``num_layers`` layers, ordered by window end,
     then width, K and beta. Raises ``ValueError`` for a bad option or an empty grid."""
     widths, times, betas = list(widths), list(times), list(betas)
-    if operator not in OPERATORS:
-        raise ValueError(f"operator {operator!r}: unknown; choose one of {', '.join(OPERATORS)}")
     for name, values in (("widths", widths), ("times", times), ("betas", betas)):
         if not values:
             raise ValueError(f"{name}: empty")
@@ -71,11 +67,11 @@ def build_grid(num_layers: int, *, widths=DEFAULT_WIDTHS, times=DEFAULT_TIMES, b
         raise ValueError(f"widths {widths}: a window width is a whole number of layers >= 1")
     if any(not isinstance(k, int) or k < 2 for k in times):
         raise ValueError(f"times {times}: K must be >= 2 (K = 1 is the unlooped model, which is always the first row)")
-    for b in betas:
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not 0.0 <= b <= 1.0:
-            raise ValueError(f"betas {betas}: beta {b!r} must lie in [0, 1]")
-    if operator == "repeat" and any(b != 0.0 for b in betas):
-        raise ValueError(f"betas {betas}: only the 'damped' operator has an anchor beta; give --betas 0 with repeat")
+    for b in betas:  # the operator rules are LoopConfig's
+        try:
+            LoopConfig("0:1x2", operator=operator, beta=b)
+        except ValueError as exc:
+            raise ValueError(f"betas {betas}: {exc}") from None
     if starts is not None:
         starts = sorted(set(starts))
         bad = [s for s in starts if not isinstance(s, int) or not 0 <= s < num_layers]

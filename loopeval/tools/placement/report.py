@@ -7,7 +7,7 @@ import html
 import io
 from pathlib import Path
 
-from loopeval.tools.placement.results import Correlation, PlacementRow
+from loopeval.tools.placement.results import SETTINGS_NAME, Correlation, PlacementRow
 
 COLUMNS = ("rank", "loop", "operator", "beta", "K", "width", "start", "passes", "cost", "PPL", "PPL_T", "T*", "KL",
            "PPL_T vs unlooped")
@@ -111,7 +111,8 @@ def write_html(result, path: str | Path, correlations: list[Correlation] | None 
     import json
 
     path = Path(path)
-    settings = json.loads((result.out / "search.json").read_text()) if (result.out / "search.json").exists() else {}
+    settings_file = result.out / SETTINGS_NAME
+    settings = json.loads(settings_file.read_text()) if settings_file.exists() else {}
     rows = table_rows(result)
     body = "\n".join(
         ("<tr class='base'>" if i == 0 else "<tr>") + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>"

@@ -11,6 +11,7 @@ from pathlib import Path
 from loopeval.common.jsonl import read_jsonl
 
 PLACEMENTS_NAME = "placements.jsonl"
+SETTINGS_NAME = "search.json"
 RANK_BY = ("ppl_t", "ppl", "kl")
 """Metrics a search can rank by; lower is better for each."""
 

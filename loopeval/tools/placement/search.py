@@ -32,11 +32,10 @@ from loopeval.tools.placement.calibration import TEMPERATURE_BOUNDS, TOLERANCE, 
 from loopeval.tools.placement.engine import NaiveEngine, PassMeter, PrefixEngine
 from loopeval.tools.placement.grid import (DEFAULT_BETAS, DEFAULT_OPERATOR, DEFAULT_TIMES, DEFAULT_WIDTHS, Candidate,
                                      build_grid, mlp_loop_candidates, rounds)
-from loopeval.tools.placement.results import (PLACEMENTS_NAME, RANK_BY, Correlation, PlacementRow, append_placement,
+from loopeval.tools.placement.results import (PLACEMENTS_NAME, SETTINGS_NAME, RANK_BY, Correlation, PlacementRow, append_placement,
                                         correlate, ranked, read_accuracies, read_placements)
 from loopeval.tools.placement.text import SPLITS, ScoringText, load_text
 
-SETTINGS_NAME = "search.json"
 SCORE_ELEMENTS = 1 << 24
 """Logits scored at once: positions per chunk = SCORE_ELEMENTS // vocabulary size."""
 
