@@ -57,7 +57,7 @@ class CacheCheckResult:
         )
 
 
-def _checked_prompts(prompts) -> list[str]:
+def checked_prompts(prompts) -> list[str]:
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
         raise ValueError("check_cache: prompts is empty")
@@ -75,7 +75,7 @@ def check_cache(model, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens: int =
     by more than ``max(atol, rtol * max |recomputed logit|)`` or its greedy token differs
     outside a numerical tie (top two logits closer than that tolerance). Defaults by
     dtype: :data:`DEFAULT_ATOL`, :data:`DEFAULT_RTOL`; ``rtol=0`` is the absolute test."""
-    prompts = _checked_prompts(prompts)
+    prompts = checked_prompts(prompts)
     if max_new_tokens < 1:
         raise ValueError(f"check_cache: max_new_tokens must be >= 1, got {max_new_tokens}")
     dtype = next(model.parameters()).dtype
@@ -138,28 +138,3 @@ def check_cache(model, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens: int =
         rtol=float(rtol),
         max_rel_diff=float((gap / magnitude.clamp(min=1e-30))[valid].max()) if valid.any() else 0.0,
     )
-
-
-def run_check_cache_cli(args) -> int:
-    """``loopeval check-cache``: print the result; exit 1 on a mismatch."""
-    from loopeval.core.checkpoint import load_model
-    from loopeval.core.loop import apply_loop, loop_config, resolve_loop
-
-    options = dict(operator=args.operator, beta=args.beta, mix=args.mix, mix_source=args.mix_source)
-    prompts = _checked_prompts(args.prompt or DEFAULT_PROMPTS)  # before any weights load
-    if args.model is None:
-        from loopeval.tools.tiny import tiny_model, tiny_tokenizer
-
-        tokenizer = tiny_tokenizer()
-        model = tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=6)
-        apply_loop(model, resolve_loop(model, args.loop or "2:4x2", **options))
-        print(f"model: tiny random Qwen3 (6 layers), loop {loop_config(model).spec}")
-    else:
-        model, tokenizer = load_model(args.model, args.loop, dtype=getattr(torch, args.dtype), **options)
-        config = loop_config(model)
-        print(f"model: {args.model}, loop {config.spec if config else 'none'}")
-    result = check_cache(model, tokenizer, prompts, args.max_new_tokens)
-    print(result)
-    if result.error is not None:
-        raise ValueError(f"the cache check could not compare: cached decoding raised {result.error}")
-    return 0 if result.ok else 1

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from loopeval.evaluation.settings import THINK_CLOSE, THINK_OPEN
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-THINK_TOKENS = ["<think>", "</think>"]  # added tokens that decode as text, as in Qwen3
+THINK_TOKENS = [THINK_OPEN, THINK_CLOSE]  # added tokens that decode as text, as in Qwen3
 
 # ChatML, as Qwen uses it. `enable_thinking=True` leaves the assistant turn open at
 # "<think>\n"; otherwise an empty thinking block is written, as Qwen3 does.

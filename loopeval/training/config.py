@@ -31,6 +31,49 @@ RECIPE_FIELDS = {
     "loop-convert": ("exit_beta", "exit_smoothing", "mix_init", "collapse_threshold", "collapse_patience"),
 }
 
+FIELD_HELP = {
+    "steps": "optimizer steps",
+    "batch_size": "global batch, in rows",
+    "micro_batch_size": "rows per forward on each process",
+    "lr": "peak learning rate (default per recipe)",
+    "min_lr_ratio": "final learning rate / peak (default per recipe; cpt: 1, constant)",
+    "warmup": "linear warm-up steps",
+    "weight_decay": "AdamW weight decay of matrices and embeddings",
+    "grad_clip": "gradient-norm clip; 0: off",
+    "max_length": "tokens per row; longer rows are cut (cpt: the packed row length)",
+    "seed": "training seed (dropout, LoRA initialisation, loop draws)",
+    "data_seed": "batch-order seed",
+    "dtype": "weight dtype: float32, bfloat16 or float16",
+    "log_every": "steps per loss-curve point",
+    "save_every": "steps between intermediate checkpoints and held-out measurements (full, cpt)",
+    "lora_rank": "convert: LoRA rank",
+    "lora_alpha": "convert: LoRA alpha (scale alpha/rank)",
+    "lora_dropout": "convert: LoRA dropout",
+    "lora_targets": "convert: all-linear, module names a,b,c, or a regular expression",
+    "kl_weight": "convert: weight of KL(teacher || student)",
+    "nll_weight": "convert: weight of the NLL",
+    "curriculum": "convert: fraction of steps over which p(loop) rises 0 -> 1",
+    "passes": "cpt: random depth, every window's passes drawn per batch from a range, e.g. 1-3",
+    "single_weight": "joint: label weight of the single pass",
+    "loop_weight": "joint: label weight of the looped output",
+    "teacher": "joint: KD teacher frozen-original, online or frozen-looped (needs --receiver)",
+    "receiver": "joint: the output(s) the teacher guides: single, loop or both",
+    "kd_weight": "joint: KL weight, split evenly over the receivers",
+    "stages": "joint: staged objectives NAME:STEPS,... (loop, single, joint) adding up to --steps",
+    "max_blocks": "stop before a step would pass this many forward blocks (teacher included)",
+    "max_seconds": "stop once the training steps have taken this many seconds",
+    "exit_beta": "loop-convert: entropy coefficient beta of the exit loss",
+    "exit_smoothing": "loop-convert: epsilon mixing the exit distribution with uniform in the LM loss",
+    "mix_init": "loop-convert: initial mix logit a, w = sigmoid(a)",
+    "collapse_threshold": "loop-convert: p0 above which the exit gate counts as collapsed",
+    "collapse_patience": "loop-convert: consecutive collapsed steps before a warning",
+    "recipe": "the recipe: full, convert, cpt, joint or loop-convert",
+    "activation_checkpointing": "recompute layer activations in the backward pass to save memory",
+}
+"""What each field means, in a line: ``loopeval train``'s flags and help are derived from the
+fields of :class:`TrainConfig` and this table (a field without a line has no flag)."""
+
+
 ALL_LINEAR = "all-linear"
 """``lora_targets`` default: every ``nn.Linear`` inside the decoder layers (not the LM head)."""
 

@@ -50,6 +50,28 @@ class TrainResult:
     def loss_curve(self) -> list[tuple[int, float]]:
         return [(step, loss) for step, loss in self.manifest["loss_curve"]]
 
+    def __str__(self) -> str:
+        """What ``loopeval train`` prints: loss, tokens, FLOPs, blocks, time, the exit gate and held-out curve."""
+        m = self.manifest
+        loss = " -> ".join(f"{x:.4f}" for _, x in (m["loss_curve"][0], m["loss_curve"][-1])[:len(m["loss_curve"])])
+        stopped = m["budget"]["stopped_by"]
+        lines = [f"{m['role']:<6}  {self.path}  {m['recipe']}: loss {loss}, {m['tokens']['input']} tokens, "
+                 f"{m['flops']['train']:.3g} training FLOPs, {m['blocks']['total']:g} forward blocks, "
+                 f"{m['train_time_s']:.1f} s training"
+                 + (f", stopped by {stopped} after {m['budget']['steps_run']} step(s)" if stopped else "")]
+        if m.get("exit"):
+            from loopeval.training.exit_monitor import collapse_notes
+
+            last = ", ".join(f"{x:.3f}" for x in m["exit"]["p"][-1])
+            lines.append(f"        exit distribution at the last step: p = [{last}]; mix w = {m['mix']['weight']:.5f}; "
+                         f"{m['parameters']['added']} parameters added (exit gate, mix logit)")
+            lines += [f"warning: {note}" for note in collapse_notes(m, str(self.path))]
+        for point in m["heldout_curve"]:
+            by = ", ".join(f"{k}: {v:.4f}" for k, v in point.get("loss_by_passes", {}).items())
+            lines.append(f"        held-out loss at step {point['step']}: {point['loss']:.4f}"
+                         + (f" (by passes {by})" if by else ""))
+        return "\n".join(lines)
+
 
 class StepCost(NamedTuple):
     """One step's forward FLOPs and forward blocks, the student's and the teacher's."""

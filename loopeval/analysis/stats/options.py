@@ -30,7 +30,7 @@ class StatOptions:
     alpha: float = field(default=0.05, metadata={
         "help": "two-sided level of the tests; TOST uses the (1 - 2 alpha) interval, A.5's 90%"})
     margin: float = field(default=0.02, metadata={
-        "help": "equivalence margin as a fraction; A.5: 'a 90%% interval within ±2 points' (0.02)"})
+        "help": "equivalence margin as a fraction; A.5: 'a 90% interval within ±2 points' (0.02)"})
 
     cost: str = field(default="passes", metadata={
         "help": "what a loop is charged: passes (A.2's layer passes) or flops", "choices": COST_MODES})

@@ -1,0 +1,68 @@
+"""What several subcommands share: list options, the loop options, two runs to compare."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def int_list(text: str) -> list[int]:
+    """``"2-8"``, ``"2,3,4"`` or a mix (``"0-3,6"``)."""
+    values = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            values += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers such as 2-8 or 2,3,4") from None
+    return values
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers such as 0,0.25,0.5") from None
+
+
+def add_loop_options(parser, *, what: str = "the loop") -> None:
+    """``--operator``, ``--beta``, ``--mix``, ``--mix-source``: one flag per loop option
+    (:func:`loopeval.core.spec.option_fields`), unset unless given (the defaults are LoopConfig's)."""
+    from loopeval.core.spec import option_fields
+
+    group = parser.add_argument_group(f"{what}'s options (LoopConfig)")
+    for f in option_fields():
+        kwargs = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {"type": f.metadata.get("type", str)}
+        group.add_argument("--" + f.name.replace("_", "-"), default=None, help=f.metadata["help"], **kwargs)
+
+
+def loop_options(args) -> dict:
+    """The loop options given on the command line (``None``: not given)."""
+    from loopeval.core.spec import LOOP_OPTIONS
+
+    return {name: getattr(args, name) for name in LOOP_OPTIONS}
+
+
+def add_stat_options(parser, *names: str, flags: dict[str, str] | None = None) -> None:
+    """One flag per named statistics option (:class:`loopeval.analysis.stats.options.StatOptions`),
+    its default the paper's; ``flags`` renames a flag (its ``dest`` stays the option's name)."""
+    from dataclasses import fields
+
+    from loopeval.analysis.stats.options import DEFAULTS, StatOptions
+
+    chosen = {f.name: f for f in fields(StatOptions)}
+    for name in names:
+        f = chosen[name]
+        default = getattr(DEFAULTS, name)
+        kwargs = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {"type": type(default)}
+        flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
+        parser.add_argument(flag, dest=name, default=default,
+                            help=f"{f.metadata['help']} (default {default})".replace("%", "%%"), **kwargs)
+
+
+def stat_options(args):
+    """The :class:`StatOptions` of the flags given by :func:`add_stat_options`, defaults elsewhere."""
+    from dataclasses import fields
+
+    from loopeval.analysis.stats.options import StatOptions
+
+    return StatOptions(**{f.name: getattr(args, f.name) for f in fields(StatOptions) if hasattr(args, f.name)})

@@ -1,0 +1,36 @@
+"""``loopeval protocol``."""
+
+from __future__ import annotations
+
+import sys
+
+
+def add(sub) -> None:
+    p = sub.add_parser(
+        "protocol",
+        help="run every evaluation of a two-test study (resumably, in parallel) and write its report",
+        description="STUDY.yaml names the models, tasks, budgets, decoding rules and lm-eval settings "
+        "(docs/protocol.md). The study is validated and checked for fairness before anything runs; finished "
+        "evaluations are skipped, a killed one resumes, and the report is written to OUTPUT/report.html.",
+    )
+    p.add_argument("study", help="the study file (YAML)")
+    p.add_argument("--dry-run", action="store_true", help="print every evaluation, whether it is done, and its budgeted cost")
+    p.add_argument("--only", metavar="PATTERN", help="run only the evaluations whose names match this glob")
+    p.add_argument("--report-only", action="store_true", help="run nothing; rebuild the report from finished evaluations")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, default=1, help="parallel worker processes on the CPU (default 1)")
+    where.add_argument("--devices", help="one worker per device, e.g. cuda:0,cuda:1")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from loopeval.tools.study import run_study
+
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
+    result = run_study(args.study, dry_run=args.dry_run, only=args.only, report_only=args.report_only,
+                       workers=args.workers, devices=devices)
+    for name in result.failed:
+        print(f"FAILED {name}: {result.outcomes[name]}", file=sys.stderr)
+    if result.report is not None:
+        print(f"wrote {result.report}")
+    return 1 if result.failed else 0

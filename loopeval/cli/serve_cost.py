@@ -1,0 +1,47 @@
+"""``loopeval serve-cost``."""
+
+from __future__ import annotations
+
+
+from loopeval.cli._common import int_list
+
+
+def add(sub) -> None:
+    p = sub.add_parser(
+        "serve-cost",
+        help="latency, throughput and memory of looped against unlooped decoding (the paper's Table 10)",
+        description="Measures, interleaved in one process: prefill time, decode latency per token at batch 1 "
+        "(prefill excluded), throughput at each batch size, peak memory at batch 1 and the memory growth per "
+        "token next to loop_cost's KV bytes; prints each ratio next to c and writes OUT/serve_cost.json. One "
+        "--model with --loop (or its own loop) is compared with its unlooped self; several --model are compared "
+        "with the first.",
+    )
+    p.add_argument("--model", action="append", required=True, help="checkpoint folder or hub id (repeatable; the "
+                   "first is the baseline)")
+    p.add_argument("--loop", help="loop spec for a single --model, e.g. 8:16x2")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--batch-sizes", type=_batch_sizes, default="auto",
+                   help="auto (default: the largest batch that fits on CUDA; see docs/serving.md for CPU) or 1,8,64")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (needs --cache static)")
+    p.add_argument("--device", help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: the checkpoint's")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=run)
+
+
+def _batch_sizes(text: str):
+    return "auto" if text.strip() == "auto" else int_list(text)
+
+
+def run(args) -> int:
+    from loopeval.evaluation.serving import serve_cost
+
+    result = serve_cost(args.model, loop=args.loop, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                        batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile, cache=args.cache,
+                        device=args.device, dtype=args.dtype, out=args.out)
+    print(result.to_text())
+    print(f"wrote {args.out}/serve_cost.json")
+    return 0
