@@ -164,3 +164,14 @@ def run_lm_eval(*args, cwd):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "lm_eval", "--device", "cpu", "--batch_size", "4", "--log_samples", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+
+
+LETTERS = "abcdefghij"
+"""The training tests' alphabet: cyclic letter runs a tiny model learns in a few steps."""
+
+
+def letter_rows(n: int, length: int, *, spread: int = 1, stride: int = 1, step: int = 1) -> list[dict]:
+    """``n`` text rows of cyclic letter runs: row ``i`` starts at letter ``stride * i`` and
+    has ``length + i % spread`` letters, each ``step`` after the last."""
+    return [{"text": " ".join(LETTERS[(stride * i + step * k) % 10] for k in range(length + i % spread))}
+            for i in range(n)]

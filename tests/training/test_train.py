@@ -6,46 +6,26 @@ import gc
 import hashlib
 import json
 import os
-import string
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from loopeval import load_model, loop_config, save_model
+from loopeval import load_model, loop_config
 from loopeval.cli import main
-from loopeval.tools.tiny import tiny_model
 from loopeval.training.manifest import read_manifest, twin_mismatches
 from loopeval.training import TrainConfig, load_data, train_model, train_twins, weights_sha256
+from support import LETTERS, letter_rows, write_jsonl
 
-LETTERS = string.ascii_lowercase[:10]
 # 16 rows, 8 per batch, 40 steps: exactly 20 epochs, so every row is seen 20 times
 CONFIG = TrainConfig(steps=40, batch_size=8, lr=3e-3, warmup=4, max_length=64, log_every=1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models: on the shared 2-core machine a second thread costs far more than it saves
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, tokenizer):
+def work(make_work):
     """A tiny base checkpoint and a learnable data set: cyclic letter runs."""
-    root = tmp_path_factory.mktemp("train")
-    save_model(tiny_model("qwen3", vocab_size=len(tokenizer)), tokenizer, root / "base")
-    rows = [{"text": " ".join(LETTERS[(i + k) % 10] for k in range(16 + i % 3))} for i in range(16)]
-    write_jsonl(root / "data.jsonl", rows)
-    return root
+    return make_work("train", data=letter_rows(16, 16, spread=3))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +49,7 @@ def test_twins_share_data_initial_weights_and_batches(work, trained):
     assert a["base_weights_sha256"] == b["base_weights_sha256"] == weights_sha256(base)
     assert a["batches_sha256"] == b["batches_sha256"]
     assert a["tokens"] == b["tokens"]
-    assert a["loop"] is None and b["loop"] == {"loop": "1:3x2", "operator": "repeat", "beta": 0.0, "mix": None}
+    assert a["loop"] is None and b["loop"] == {"loop": "1:3x2", "operator": "damped", "beta": 0.0, "mix": None}
     assert twin_mismatches(a, b) == []
     assert a["final_weights_sha256"] != a["base_weights_sha256"]
 

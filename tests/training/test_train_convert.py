@@ -2,46 +2,27 @@
 merged adapters. Checked against a plain HF model, PEFT's own loading and the schedule."""
 
 import json
-import string
 
 import numpy as np
 import pytest
 import torch
 from scipy.stats import binomtest
 
-from loopeval import load_model, loop_config, save_model
+from loopeval import load_model, loop_config
 from loopeval.core.loop import apply_loop
 from loopeval.core.spec import LoopConfig
 from loopeval.training.manifest import twin_mismatches
-from loopeval.tools.tiny import tiny_model
 from loopeval.training import TrainConfig, batch_order, load_data, train_model, train_twins, weights_sha256
 from loopeval.training.recipes import Convert, curriculum_probability
+from support import letter_rows
 
-LETTERS = string.ascii_lowercase[:10]
 CONFIG = TrainConfig(recipe="convert", steps=6, batch_size=4, lr=2e-2, max_length=32, log_every=1, lora_rank=4,
                      lora_alpha=8.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models: on the shared 2-core machine a second thread costs far more than it saves
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("convert")
-    save_model(tiny_model("qwen3", vocab_size=len(tokenizer)), tokenizer, root / "base")
-    write_jsonl(root / "data.jsonl", [{"text": " ".join(LETTERS[(i + k) % 10] for k in range(12 + i % 3))} for i in range(8)])
-    return root
+def work(make_work):
+    return make_work("convert", data=letter_rows(8, 12, spread=3))
 
 
 @pytest.fixture(scope="module")

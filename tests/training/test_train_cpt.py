@@ -2,56 +2,37 @@
 checkpoints and held-out loss per pass count, checked against unrolled copies."""
 
 import json
-import string
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-from loopeval import load_model, loop_config, save_model
+from loopeval import load_model, loop_config
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import remove_loop
 from loopeval.core.spec import LoopConfig
 from loopeval.training.manifest import twin_mismatches
-from loopeval.tools.tiny import tiny_model
 from loopeval.training import TrainConfig, batch_order, load_data, train_model, train_twins
 from loopeval.training.config import parse_passes
 from loopeval.training.recipes import ContinuedPretraining
 from loopeval.core.unroll import unrolled_copy
+from support import letter_rows, write_jsonl
 
-LETTERS = string.ascii_lowercase[:10]
 CONFIG = TrainConfig(recipe="cpt", steps=6, batch_size=4, lr=3e-3, max_length=16, log_every=1, passes=(1, 3),
                      save_every=3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models: on the shared 2-core machine a second thread costs far more than it saves
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("cpt")
-    save_model(tiny_model("qwen3", vocab_size=len(tokenizer)), tokenizer, root / "base")
-    write_jsonl(root / "data.jsonl", [{"text": " ".join(LETTERS[(i + k) % 10] for k in range(12 + i % 5))} for i in range(12)])
-    write_jsonl(root / "held.jsonl", [{"text": " ".join(LETTERS[(3 * i + 2 * k) % 10] for k in range(9))} for i in range(3)])
-    return root
+def work(make_work):
+    return make_work("cpt", data=letter_rows(12, 12, spread=5), held=letter_rows(3, 9, stride=3, step=2))
 
 
 @pytest.fixture(scope="module")
 def pair(work):
+    """Trained with ``repeat``, whose every depth has an unrolled copy to check against."""
     return train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=work / "pair", config=CONFIG,
-                       heldout=work / "held.jsonl", progress=False)
+                       heldout=work / "held.jsonl", progress=False, operator="repeat")
 
 
 def test_plain_text_is_packed_into_rows_of_max_length(work, tokenizer):
@@ -153,13 +134,13 @@ def test_bad_cpt_inputs_fail_before_weights_load(work, tmp_path, monkeypatch):
         train_model(work / "base", work / "data.jsonl", loop="1:3x2", config=CONFIG, heldout=leaky, **run)
 
 
-def test_cpt_from_the_cli(work, tmp_path, capsys):
+def test_cpt_from_the_cli(work, pair, tmp_path, capsys):
     from loopeval.cli import main
 
     args = ["train", "--recipe", "cpt", "--base", str(work / "base"), "--data", str(work / "data.jsonl"),
             "--heldout", str(work / "held.jsonl"), "--loop", "1:3x2", "--out", str(tmp_path), "--steps", "6",
             "--batch-size", "4", "--lr", "3e-3", "--max-length", "16", "--log-every", "1", "--passes", "1-3",
-            "--save-every", "3"]
+            "--save-every", "3", "--operator", "repeat"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "held-out loss at step 3" in out and "(by passes 1: " in out and "twins: identical apart from the loop" in out
@@ -167,5 +148,5 @@ def test_cpt_from_the_cli(work, tmp_path, capsys):
 
     assert read_manifest(tmp_path / "looped")["heldout_curve"] == read_manifest(work / "pair" / "looped")["heldout_curve"]
     with pytest.raises(SystemExit) as info:  # argparse refuses it
-        main(args[:-4] + ["--passes", "0-2", "--overwrite"])
+        main(args[:-6] + ["--passes", "0-2", "--overwrite"])
     assert info.value.code == 2 and "--passes: passes range '0-2' starts below 1" in capsys.readouterr().err

@@ -12,17 +12,13 @@ import yaml
 import loopeval.training.decontamination as dc
 from loopeval.common.paths import tasks_path
 from loopeval.training.decontamination import EvalDocument, NgramIndex, decontaminate, decontamination_record, words
+from support import write_jsonl
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 GSM8K = [json.loads(line) for line in (FIXTURES / "gsm8k.jsonl").read_text().splitlines()]
 TOY = [{"question": "Which planet in the solar system has the largest number of confirmed moons orbiting it today?",
         "answer": "Saturn"},
        {"question": "Name the chemical element whose symbol is Fe.", "answer": "Iron"}]
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.fixture(scope="module")

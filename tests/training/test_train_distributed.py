@@ -6,19 +6,15 @@ amplifies rounding differences (the two processes pad and sum their halves of a 
 separately), so the first steps are compared tightly and the whole curve loosely.
 """
 
-import json
 import os
-import string
 import subprocess
 import sys
 
 import pytest
 
-from loopeval import save_model
 from loopeval.training.manifest import read_manifest, twin_mismatches
-from loopeval.tools.tiny import tiny_model
+from support import letter_rows
 
-LETTERS = string.ascii_lowercase[:10]
 RECIPES = {
     "full": ["--lr", "3e-3"],
     "convert": ["--lr", "5e-3", "--lora-rank", "4", "--curriculum", "0.5"],
@@ -27,18 +23,9 @@ RECIPES = {
 }
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("ddp")
-    save_model(tiny_model("qwen3", vocab_size=len(tokenizer)), tokenizer, root / "base")
-    write_jsonl(root / "data.jsonl", [{"text": " ".join(LETTERS[(i + k) % 10] for k in range(10 + i % 7))} for i in range(16)])
-    write_jsonl(root / "held.jsonl", [{"text": " ".join(LETTERS[(3 * i + 2 * k) % 10] for k in range(9))} for i in range(5)])
-    return root
+def work(make_work):
+    return make_work("ddp", data=letter_rows(16, 10, spread=7), held=letter_rows(5, 9, stride=3, step=2))
 
 
 def train(work, recipe, out, processes):

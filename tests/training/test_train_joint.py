@@ -4,12 +4,11 @@ losses and the other recipes, blocks against the paper's arithmetic, stages agai
 hand-written training loop with one optimiser, and bad input."""
 
 import json
-import string
 
 import pytest
 import torch
 
-from loopeval import loop_config, save_model
+from loopeval import loop_config
 from loopeval.core.loop import apply_loop, loop_disabled
 from loopeval.training.manifest import twin_mismatches
 from loopeval.analysis.report.training import costs
@@ -18,21 +17,16 @@ from loopeval.training import TrainConfig, batch_order, load_data, train_model, 
 from loopeval.training.data import collate
 from loopeval.training.config import parse_stages
 from loopeval.training.joint import matched_ce, two_path_logits
+from support import letter_rows
 
-LETTERS = string.ascii_lowercase[:10]
 LOOP = "2:6x2"  # 002's shape: 8 blocks, blocks 2-5 repeated
-pytestmark = pytest.mark.usefixtures("one_thread")
 BASE = dict(recipe="joint", steps=4, batch_size=4, lr=1e-2, max_length=32, log_every=1, grad_clip=0.0,
             min_lr_ratio=1.0)
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("joint")
-    save_model(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=8), tokenizer, root / "base")
-    rows = [{"text": " ".join(LETTERS[(i + k) % 10] for k in range(8 + i % 5))} for i in range(8)]
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
+def work(make_work):
+    return make_work("joint", num_layers=8, data=letter_rows(8, 8, spread=5))
 
 
 def _train(work, name, loop=LOOP, **options):

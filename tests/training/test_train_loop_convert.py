@@ -4,7 +4,6 @@ the scale-aware cache check, each against a hand computation or an independent p
 
 import json
 import math
-import string
 import types
 from pathlib import Path
 
@@ -22,19 +21,14 @@ from loopeval.tools.tiny import tiny_model
 from loopeval.training import TrainConfig, train_model, train_twins
 from loopeval.training.loop_convert import LoopConvertModel
 from loopeval.core.unroll import unrolled_copy
+from support import letter_rows
 
-LETTERS = string.ascii_lowercase[:10]
 CONFIG = TrainConfig(recipe="loop-convert", steps=6, batch_size=8, lr=3e-3, max_length=64, log_every=1)
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("loop_convert")
-    save_model(tiny_model("qwen3", vocab_size=len(tokenizer)), tokenizer, root / "base")
-    rows = [{"text": " ".join(LETTERS[(i + k) % 10] for k in range(16 + i % 3))} for i in range(16)]
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
+def work(make_work):
+    return make_work("loop_convert", data=letter_rows(16, 16, spread=3))
 
 
 @pytest.fixture(scope="module")
