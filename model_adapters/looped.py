@@ -87,23 +87,23 @@ def _copied(cls) -> list:
             for f in fields(cls)]
 
 
+def _parse(cls, raw: dict):
+    """Every ``looped`` arg in ``raw`` checked and typed (popped); errors name the arg.
+    ``raw`` keeps HFLM's args."""
+    values = {f.name: as_field(f, f.name, raw.pop(f.name)) for f in fields(cls)
+              if f.name in raw and raw[f.name] is not None}
+    for f in fields(cls):
+        raw.pop(f.name, None)
+    return cls(**values)
+
+
 LoopedArgs = make_dataclass("LoopedArgs", [*_loop_fields(), *_copied(DecodingOptions), *_copied(AdapterArgs)],
-                            frozen=True)
+                            frozen=True, namespace={"parse": classmethod(_parse)})
 LoopedArgs.__doc__ = """The model args ``looped`` adds to ``--model hf``'s: the loop (``loop`` and
 ``loop_<option>`` for each field of :class:`loopeval.core.spec.LoopConfig`), the decoding
 options (the fields of :class:`loopeval.evaluation.settings.DecodingOptions`) and the
 adapter's own (:class:`AdapterArgs`). Derived from those definitions, so a new field
-there is a new model arg here."""
-
-
-def parse_args(raw: dict):
-    """Every ``looped`` arg in ``raw`` checked and typed (popped); errors name the arg.
-    ``raw`` keeps HFLM's args."""
-    values = {f.name: as_field(f, f.name, raw.pop(f.name)) for f in fields(LoopedArgs)
-              if f.name in raw and raw[f.name] is not None}
-    for f in fields(LoopedArgs):
-        raw.pop(f.name, None)
-    return LoopedArgs(**values)
+there is a new model arg here. ``LoopedArgs.parse(raw)`` types them."""
 
 
 def decoding_options(args) -> DecodingOptions:
@@ -158,7 +158,7 @@ class LoopedLM(HFLM):
         unknown = sorted(set(kwargs) - set(_valid_args()))
         if unknown:
             raise ValueError(f"looped: unknown model arg(s) {', '.join(unknown)}; valid: {', '.join(_valid_args())}")
-        args = parse_args(kwargs)
+        args = LoopedArgs.parse(kwargs)
         generation_options(args.cache_implementation, args.compile)  # refuses compile without the static cache
         if args.compile:
             check_compile_backend(kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -105,7 +105,7 @@ def evaluate(lm, tasks, include: Path, *, chat=True, **kwargs):
 
 
 def rows(name: str) -> list[dict]:
-    return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines()]
+    return read_records(FIXTURES / name)
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -175,3 +175,8 @@ def letter_rows(n: int, length: int, *, spread: int = 1, stride: int = 1, step: 
     has ``length + i % spread`` letters, each ``step`` after the last."""
     return [{"text": " ".join(LETTERS[(stride * i + step * k) % 10] for k in range(length + i % spread))}
             for i in range(n)]
+
+
+def read_records(path) -> list[dict]:
+    """Every record of a JSON-lines file (the tests' one raw reader)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

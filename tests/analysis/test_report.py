@@ -15,6 +15,7 @@ from markupsafe import escape
 from loopeval.cli import main
 from loopeval.analysis.report import build_report, render, write_report
 from loopeval.analysis.stats import paired_bootstrap, tost
+from support import read_records
 
 TASKS = ["toy_arith", "toy_aime"]  # the generative toy tasks: both carry a cost trace
 SETTINGS = {
@@ -43,7 +44,7 @@ def _pick(root: Path, prefix: str) -> list[Path]:
 def _item_scores(run: Path, task: str) -> np.ndarray:
     """Per-item scores read straight from lm-eval's samples file, ordered by doc_id."""
     (file,) = run.rglob(f"samples_{task}_*.jsonl")
-    rows = [json.loads(line) for line in file.read_text().splitlines()]
+    rows = read_records(file)
     by_doc = {}
     for r in rows:
         if r["filter"] == "strict-match" or task == "toy_aime":

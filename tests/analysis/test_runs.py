@@ -11,6 +11,7 @@ from statsmodels.stats.multitest import multipletests
 from loopeval.analysis.protocol import delta_flop, delta_param, verdict
 from loopeval.analysis.runs import load_run, pair_runs
 from loopeval.analysis.stats import paired_bootstrap
+from support import read_records
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 TRACED = ["toy_arith", "toy_aime"]  # the generative tasks; the multiple-choice task has no trace
@@ -58,7 +59,7 @@ def copy_run(tmp_path: Path, folder: str) -> Path:
 
 
 def rewrite_samples(path: Path, change) -> None:
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = read_records(path)
     path.write_text("".join(json.dumps(r) + "\n" for r in change(lines)))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from lm_eval.loggers import EvaluationTracker
-from support import FIXTURES, ScriptedLM, evaluate, local_tasks, rows, write_jsonl
+from support import FIXTURES, ScriptedLM, evaluate, local_tasks, rows, write_jsonl, read_records
 
 from loopeval.evaluation import scoring
 from loopeval.cli import main
@@ -67,7 +67,7 @@ def run(tokenizer, tmp_path_factory):
     for task in results["configs"]:
         tracker.save_results_samples(task_name=task, samples=samples[task])
     (gpqa,) = (tmp / "out").rglob("samples_gpqa_diamond_boxed_*.jsonl")
-    records = [json.loads(line) for line in gpqa.read_text().splitlines()]
+    records = read_records(gpqa)
     for rec in records:
         if rec["doc"]["Record ID"] == HEDGED_GPQA:
             assert rec["acc"] == 0.0

@@ -12,6 +12,7 @@ from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 
 from loopeval.cli import main
 from loopeval.analysis.stats import paired_bootstrap
+from support import read_records
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 TWIN, LOOPED = str(RUNS / "twin"), str(RUNS / "looped")
@@ -26,7 +27,7 @@ def item_scores(folder: str, task: str, metric: str, filt: str) -> np.ndarray:
     """Per-item scores read straight from the latest samples file of a run."""
     results = max(Path(folder).glob("*/results_*.json"))
     path = results.with_name(f"samples_{task}_{results.stem.split('_', 1)[1]}.jsonl")
-    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    recs = read_records(path)
     by_doc = {r["doc_id"]: r[metric] for r in recs if r["filter"] == filt}
     return np.array([by_doc[i] for i in range(len(by_doc))], float)
 
@@ -141,7 +142,7 @@ def test_missing_items_are_refused(capsys, tmp_path):
 def test_a_doc_hash_mismatch_is_refused(capsys, tmp_path):
     folder, results = copy_run(tmp_path, "looped")
     path = samples_file(results, "toy_mc")
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = read_records(path)
     lines[4]["doc_hash"] = "f" * 64
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     err = refused(capsys, TWIN, str(folder))

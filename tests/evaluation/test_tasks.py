@@ -15,7 +15,7 @@ from lm_eval.loggers import EvaluationTracker
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import make_table
 
-from support import FIXTURES, FIXTURE_FILES, ScriptedLM, TASKS, _IgnoreTags, evaluate, local_tasks, rows, write_jsonl
+from support import FIXTURES, FIXTURE_FILES, ScriptedLM, TASKS, _IgnoreTags, evaluate, local_tasks, rows, write_jsonl, read_records
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -113,7 +113,7 @@ def test_loop_core_scores_and_unweighted_macro(tokenizer, local, tmp_path):
     for task in results["configs"]:
         tracker.save_results_samples(task_name=task, samples=samples[task])
     (saved,) = (tmp_path / "out").rglob("samples_gsm8k_boxed_*.jsonl")
-    logged = [json.loads(line) for line in saved.read_text().splitlines()]
+    logged = read_records(saved)
     assert [s["extracted"] for s in logged] == ["72", "10", "1,200", None]
     assert [s["acc"] for s in logged] == [1.0, 1.0, 1.0, 0.0]
     (aggregated,) = (tmp_path / "out").rglob("results_*.json")

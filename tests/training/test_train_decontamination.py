@@ -12,10 +12,10 @@ import yaml
 import loopeval.training.decontamination as dc
 from loopeval.common.paths import tasks_path
 from loopeval.training.decontamination import EvalDocument, NgramIndex, decontaminate, decontamination_record, words
-from support import write_jsonl
+from support import write_jsonl, read_records
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
-GSM8K = [json.loads(line) for line in (FIXTURES / "gsm8k.jsonl").read_text().splitlines()]
+GSM8K = read_records(FIXTURES / "gsm8k.jsonl")
 TOY = [{"question": "Which planet in the solar system has the largest number of confirmed moons orbiting it today?",
         "answer": "Saturn"},
        {"question": "Name the chemical element whose symbol is Fe.", "answer": "Iron"}]
@@ -71,11 +71,11 @@ def test_planted_13_grams_are_removed_and_12_gram_near_misses_kept(tmp_path, tas
     rows = planted_rows()
     data = write_jsonl(tmp_path / "train.jsonl", rows)
     result = decontaminate(data, out=tmp_path / "clean.jsonl", against=["gsm8k_boxed", "toy_qa"], include_path=tasks)
-    kept = [json.loads(line) for line in (tmp_path / "clean.jsonl").read_text().splitlines()]
+    kept = read_records(tmp_path / "clean.jsonl")
     assert kept == [rows[i] for i in (0, 2, 3, 4, 8)]
     assert (result.rows, result.kept, result.removed) == (9, 5, 4)
     assert result.removed_by_task == {"gsm8k_boxed": 3, "toy_qa": 2}
-    removed = [json.loads(line) for line in result.removed_path.read_text().splitlines()]
+    removed = read_records(result.removed_path)
     assert [(r["row"], r["task"], r["doc_id"]) for r in removed] == [
         (2, "gsm8k_boxed", 0), (6, "gsm8k_boxed", 0), (7, "toy_qa", 0), (8, "gsm8k_boxed", 0), (8, "toy_qa", 0)]
     assert removed[0]["ngram"] == " ".join(words(GSM8K[0]["question"])[2:15])
@@ -137,7 +137,7 @@ def test_groups_expand_to_their_tasks(tasks):
     from loopeval.training.decontamination import eval_documents
 
     docs = eval_documents(["loop_core"], include_path=tasks)  # loopeval's group over the local task files
-    math500 = [json.loads(line) for line in (FIXTURES / "math500.jsonl").read_text().splitlines()]
+    math500 = read_records(FIXTURES / "math500.jsonl")
     assert [(d.task, d.doc_id) for d in docs] == [("gsm8k_boxed", i) for i in range(len(GSM8K))] + [
         ("math500_boxed", i) for i in range(len(math500))]
     assert GSM8K[1]["question"] in docs[1].texts and math500[0]["solution"] in docs[len(GSM8K)].texts
