@@ -117,6 +117,14 @@ class Run:
     config: Mapping
     trace_headers: tuple[TraceHeader, ...]
     trace_error: str | None = None
+    versions: Mapping = None  # lm-eval's task versions
+
+    @property
+    def identity(self):
+        """What this evaluation is (:class:`loopeval.identity.Identity`)."""
+        from loopeval.identity import of_run
+
+        return of_run(self)
 
     @property
     def model_args(self):
@@ -168,22 +176,18 @@ class Run:
         return list(self.tasks) if tasks is None else _expand(tasks, self.groups, self.tasks, self.path)
 
 
-def decoding_differences(a: Run, b: Run) -> list[str]:
-    """What differs between two runs' decoding: the shared settings of their traces
-    (:data:`loopeval.trace.SHARED`) and each shared task's generation kwargs (empty: none).
-    A run without a readable trace is one difference, with the reason."""
+def decoding_differences(a: Run, b: Run, *, intended=()) -> list[str]:
+    """What differs between two runs besides their weights and loop (:func:`loopeval.identity.differences`):
+    the shared settings of their traces, each shared task's version and generation kwargs, and
+    each item's rendered prompt (empty: none). ``intended`` names differences to allow. A run
+    without a readable trace is one difference, with the reason."""
+    from loopeval.identity import differences, of_run
+
     diffs = []
-    if a.header is None or b.header is None:
-        for run in (a, b):
-            if run.header is None:
-                diffs.append(f"{run.path.parent}: no loopeval trace" + (f" ({run.trace_error})" if run.trace_error else ""))
-    else:
-        diffs += a.header.decoding.differences(b.header.decoding)
-    for task in sorted(set(a.tasks) & set(b.tasks)):
-        ga, gb = a.tasks[task].generation_kwargs, b.tasks[task].generation_kwargs
-        if ga != gb:
-            diffs.append(f"{task} generation kwargs: {ga} vs {gb}")
-    return diffs
+    for run in (a, b):
+        if run.header is None:
+            diffs.append(f"{run.path.parent}: no loopeval trace" + (f" ({run.trace_error})" if run.trace_error else ""))
+    return diffs + differences(of_run(a), of_run(b), intended=intended)
 
 
 def _expand(names: Sequence[str], groups: Mapping[str, Sequence[str]], leaves, where) -> list[str]:
@@ -293,16 +297,26 @@ def _run_window(results: dict, results_file: Path) -> tuple[float, float] | None
     return start, end if start <= end <= longest else longest
 
 
-def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None) -> tuple[dict, dict]:
+def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, model_args=None,
+                 results_file: Path | None = None) -> tuple[dict, dict]:
     """``{(task, doc_id, prompt_hash): (trace order, header, records)}`` over the folders' traces,
     and ``{key: why}`` for the keys held only by traces written outside the run.
 
-    Only traces created while the run was evaluating count (folders are often shared by
-    several runs); the newest trace holding a key supplies all of that key's records.
+    Only traces created while the run was evaluating, by a model with the run's
+    ``model_args`` (:func:`loopeval.identity.header_mismatch`), count: folders are often shared
+    by several runs, even at once. The newest trace holding a key supplies all of that key's records.
     """
+    from loopeval.identity import header_mismatch
+
     index, foreign = {}, {}
     inside = []
     for trace in sorted((t for d in folders for t in find_traces(d)), key=lambda t: t.created):
+        mismatch = header_mismatch(trace.header, model_args, trace.path)
+        if mismatch:
+            why = (f"{trace.path} holds it but was written by another run than {results_file} ({mismatch}); "
+                   "refusing to join them")
+            foreign.update({(i.task, i.doc_id, i.prompt_hash): why for i in trace.items})
+            continue
         if window is None or window[0] <= trace.created <= window[1]:
             inside.append(trace)
             continue
@@ -397,7 +411,9 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     selected = leaves if tasks is None else _expand(tasks, groups, leaves, results_file)
     model_dir = results_file.parent
     try:
-        traces, trace_error = _trace_index([model_dir, model_dir.parent], _run_window(results, results_file)), None
+        traces = _trace_index([model_dir, model_dir.parent], _run_window(results, results_file),
+                              (results.get("config") or {}).get("model_args"), results_file)
+        trace_error = None
     except ValueError as exc:  # a crashed run's trace in a shared folder must not block accuracies
         traces, trace_error = ({}, {}), f"cannot read the cost traces: {exc}"
     per_task = {}
@@ -415,6 +431,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
         config=results.get("config", {}),
         trace_headers=tuple(used[order] for order in sorted(used)),
         trace_error=trace_error,
+        versions=dict(results.get("versions") or {}),
     )
 
 

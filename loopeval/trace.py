@@ -63,8 +63,11 @@ class DecodingSettings:
     budget_scale: float = 1.0
     dtype: str | None = None
     batch_size: str | None = None
-    chat_template_sha: str | None = None
+    chat_template_sha: str | None = None  # the chat template as applied (None: prompts were not templated)
     chat_template_args: dict = field(default_factory=dict)
+    seed: int | None = None  # torch's seed for the run (sampled tasks draw from it)
+    max_length: int | None = None  # the model's context length: longer prompts are cut
+    truncation: bool | None = None
 
     def differences(self, other: DecodingSettings) -> list[str]:
         """``"name: mine vs theirs"`` for every shared setting that differs."""
