@@ -13,6 +13,8 @@ Torch-free: the report, the study and the run loader import it.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -133,7 +135,36 @@ def header_mismatch(header: TraceHeader, model_args, trace_path: Path) -> str | 
             Path(trace_dir).resolve() != Path(trace_path).parent.resolve():
         why.append(f"the results' trace folder is {trace_dir}")
     for name in SETTINGS:
+        if name == "seed":  # lm-eval's --seed, never a model arg (a model arg of that name is the model's own)
+            continue
         recorded = getattr(header.decoding, name)
-        if name in args and recorded is not None and not _same(recorded, args[name]):
-            why.append(f"{name}={recorded!r} in the trace, {args[name]!r} in the results")
+        given = args.get(name)
+        if given is not None and recorded is not None and not str(given).startswith("auto") \
+                and not _same(recorded, given):
+            why.append(f"{name}={recorded!r} in the trace, {given!r} in the results")
     return "; ".join(why) or None
+
+
+def checkpoint_fingerprint(path) -> str | None:
+    """sha256 of a local checkpoint folder's files (top level: weights, configs, tokenizer), or
+    ``None`` for a hub name. A checkpoint retrained into the same folder gets a new fingerprint."""
+    folder = Path(path)
+    if folder.is_file():
+        files = [folder]
+    elif folder.is_dir():
+        files = sorted(p for p in folder.iterdir() if p.is_file())
+    else:
+        return None
+    stats = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _fingerprint(stats)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(stats: tuple) -> str:
+    digest = hashlib.sha256()
+    for name, _, _ in stats:
+        digest.update(Path(name).name.encode() + b"\0")
+        with open(name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

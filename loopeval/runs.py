@@ -65,9 +65,11 @@ class TaskScores:
 
     def _traced(self) -> tuple[tuple[TraceItem, ...], ...]:
         if self.trace is None:
+            why = next((self.foreign_traces[(self.task, int(d), h)] for d, h in zip(self.doc_ids, self.prompt_hashes)
+                        if (self.task, int(d), h) in (self.foreign_traces or {})), None)
             raise ValueError(
                 f"{self.samples_path.parent}: task {self.task}: no loopeval cost trace covers it "
-                "(the looped model writes one for generation requests)"
+                + (f"({why})" if why else "(the looped model writes one for generation requests)")
             )
         missing = [(int(d), h) for d, h, recs in zip(self.doc_ids, self.prompt_hashes, self.trace) if not recs]
         if missing:

@@ -39,9 +39,12 @@ class StudyResult:
 
 
 def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = None, report_only: bool = False,
-              workers: int = 1, devices: list[str] | None = None, progress: bool = True) -> StudyResult:
+              workers: int = 1, devices: list[str] | None = None, progress: bool = True,
+              rerun: bool = True) -> StudyResult:
     """Validate the study at ``path``, run what is not done yet (``only``: the evaluations
     whose names match a glob pattern), and write ``OUTPUT/report.html`` and ``report.json``.
+    A finished evaluation made with other settings or weights is run again (``rerun=False``:
+    refused, naming what changed).
     ``devices`` runs one worker per device; ``workers`` runs that many CPU workers."""
     from loopeval.study.execute import run_parallel
 
@@ -52,8 +55,17 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
     chosen = [e for e in evaluations if only is None or fnmatch.fnmatch(e.name, only)]
     if not chosen:
         raise ValueError(f"--only {only!r} matches no evaluation; they are named like {evaluations[0].name}")
-    check_before_compute(study, evaluations)
-    todo = [e for e in chosen if status(e, study) == "todo"]
+    check_before_compute(study, evaluations, rerun=rerun)
+    states = {e.name: status(e, study, rerun=rerun) for e in chosen}
+    stale = [f"{n} ({s.split(': ', 1)[1]})" for n, s in states.items() if s.startswith("stale")]
+    if stale and report_only:
+        raise ValueError(f"--report-only: {len(stale)} finished evaluation(s) were made with other settings or "
+                         f"weights, e.g. {stale[0]}; run without --report-only to redo them")
+    for name, state in states.items():
+        if state.startswith("stale") and not dry_run:
+            print(f"re-running {name}: its finished folder was made with other settings or weights "
+                  f"({state.split(': ', 1)[1]})", file=sys.stderr)
+    todo = [e for e in chosen if states[e.name] != "done"]
     outcomes = {e.name: "skipped: done" for e in chosen if e not in todo}
     if dry_run:
         cost = expected_cost(study, chosen)
@@ -88,7 +100,7 @@ def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
         selection=stats.get("selection", "fixed"), alpha=stats.get("alpha", 0.05), margin=stats.get("margin", 0.02),
         title=report.get("title") or f"{study.name}: does the loop pay for its compute?",
         strict=bool(report.get("strict", False)), n_resamples=int(stats.get("n_resamples", 10_000)),
-        seed=int(stats.get("seed", 0)),
+        seed=int(stats.get("seed", 0)), intended_differences=study.intended_differences,
     )
     path = write_report(data, study.output / "report.html", latex_tables=bool(report.get("latex", False)))
     (study.output / "report.json").write_text(data.to_json())

@@ -72,6 +72,10 @@ def run_one(evaluation: Evaluation, study: Study, manager=None) -> Path:
     run_lm_eval(evaluation.model_args(study), list(study.tasks), evaluation.partial, task_manager=manager,
                 lm_eval=study.lm_eval, log=evaluation.log)
     record(evaluation, study)
+    if evaluation.folder.exists():  # a stale result: kept, not overwritten
+        replaced = evaluation.folder.parent / ".replaced" / f"{evaluation.name}.{time.strftime('%Y%m%dT%H%M%S')}"
+        replaced.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(evaluation.folder, replaced)
     os.replace(evaluation.partial, evaluation.folder)
     return evaluation.folder
 
