@@ -308,12 +308,21 @@ def _train(args) -> int:
     loop = dict(operator=args.operator, beta=args.beta, mix=args.mix, mix_source=args.mix_source)
     common = dict(config=config, overwrite=args.overwrite, heldout=args.heldout, keep_adapters=args.keep_adapters)
     out = Path(args.out)
-    if args.only == TWIN:
-        results = [train_model(args.base, args.data, out=out / TWIN, **common)]
-    elif args.only == LOOPED:
-        results = [train_model(args.base, args.data, out=out / LOOPED, loop=args.loop, **loop, **common)]
-    else:
-        results = list(train_twins(args.base, args.data, loop=args.loop, out=out, **loop, **common))
+    from contextlib import nullcontext
+
+    from loopeval.outputs import check_outputs, folder_lock
+
+    check_outputs({"--out": out}, [args.base, args.data, args.heldout])
+    import os
+
+    main_rank = os.environ.get("RANK", "0") == "0"  # data-parallel ranks share rank 0's lock
+    with folder_lock(out, "train") if main_rank else nullcontext():
+        if args.only == TWIN:
+            results = [train_model(args.base, args.data, out=out / TWIN, **common)]
+        elif args.only == LOOPED:
+            results = [train_model(args.base, args.data, out=out / LOOPED, loop=args.loop, **loop, **common)]
+        else:
+            results = list(train_twins(args.base, args.data, loop=args.loop, out=out, **loop, **common))
     if not PartialState().is_main_process:  # one report under data-parallel launchers
         return 0
     for r in results:
@@ -440,7 +449,11 @@ def _place(args) -> int:
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "model", "data", "out", "top")}
     if "correlate" in options:
         options["results"] = options.pop("correlate")
-    result = place(args.model, args.data, out=args.out, **options)
+    from loopeval.outputs import check_outputs, folder_lock
+
+    check_outputs({"--out": args.out}, [args.model, args.data])
+    with folder_lock(args.out, "place"):
+        result = place(args.model, args.data, out=args.out, **options)
     print(format_table(result, top=args.top))
     if result.correlations:
         print(format_correlations(list(result.correlations)))
@@ -548,9 +561,14 @@ def _report(args) -> int:
     from loopeval.paths import reports_path
     from loopeval.report import RunSpec, build_report, check_output, write_report
 
+    from loopeval.outputs import check_outputs
+
     out = check_output(args.out)  # before any work
     if args.json:
         check_output(args.json, "--json")
+    check_outputs({"--out": args.out, "--json": args.json},
+                  [*args.twin, *args.looped, args.larger, *args.serve_cost, args.template,
+                   *(p for pair in args.training for p in pair)])
     template = Path(args.template)
     if not (template.is_file() or (reports_path() / template.name).is_file()):
         raise ValueError(f"--template {args.template}: no such template file")

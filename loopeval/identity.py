@@ -115,11 +115,11 @@ def _same(recorded, given) -> bool:
     return str(recorded) == str(given)
 
 
-def header_mismatch(header: TraceHeader, model_args, trace_path: Path) -> str | None:
+def header_mismatch(header: TraceHeader, model_args) -> str | None:
     """Why a trace header cannot belong to a run with these ``model_args`` (``None``: it can).
 
-    Checked: the model path, the loop, the trace folder (when absolute), and every setting of
-    :data:`SETTINGS` that the model args name."""
+    Checked: the model path, the loop, and every setting of :data:`SETTINGS` that the model
+    args name (not the trace folder: a study moves a finished run's folder into place)."""
     args = parse_model_args(model_args)
     if not args:
         return None
@@ -130,10 +130,6 @@ def header_mismatch(header: TraceHeader, model_args, trace_path: Path) -> str | 
         traced = (header.loop or {}).get("loop")
         if traced != str(args["loop"]):
             why.append(f"loop={traced} in the trace, {args['loop']} in the results")
-    trace_dir = args.get("trace")
-    if isinstance(trace_dir, str) and Path(trace_dir).is_absolute() and \
-            Path(trace_dir).resolve() != Path(trace_path).parent.resolve():
-        why.append(f"the results' trace folder is {trace_dir}")
     for name in SETTINGS:
         if name == "seed":  # lm-eval's --seed, never a model arg (a model arg of that name is the model's own)
             continue

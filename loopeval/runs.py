@@ -313,7 +313,7 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, mo
     index, foreign = {}, {}
     inside = []
     for trace in sorted((t for d in folders for t in find_traces(d)), key=lambda t: t.created):
-        mismatch = header_mismatch(trace.header, model_args, trace.path)
+        mismatch = header_mismatch(trace.header, model_args)
         if mismatch:
             why = (f"{trace.path} holds it but was written by another run than {results_file} ({mismatch}); "
                    "refusing to join them")

@@ -141,12 +141,11 @@ def test_a_trace_of_another_run_in_a_shared_folder_is_never_joined(tmp_path):
 
 def test_header_mismatch_reads_model_args_as_lm_eval_records_them():
     header = read_trace(next((RUNS / "twin").rglob("loopeval_trace_*.jsonl"))).header
-    path = Path("/x/loopeval_trace_1.jsonl")
-    assert identity.header_mismatch(header, "pretrained=toy/twin,p=0.5", path) is None
-    assert identity.header_mismatch(header, {"pretrained": "toy/twin", "budget_scale": "1.0"}, path) is None
-    assert "budget_scale" in identity.header_mismatch(header, "pretrained=toy/twin,budget_scale=0.5", path)
-    assert identity.header_mismatch(header, "pretrained=toy/twin,dtype=auto", path) is None
-    assert "pretrained" in identity.header_mismatch(header, "pretrained=other", path)
+    assert identity.header_mismatch(header, "pretrained=toy/twin,p=0.5") is None
+    assert identity.header_mismatch(header, {"pretrained": "toy/twin", "budget_scale": "1.0"}) is None
+    assert "budget_scale" in identity.header_mismatch(header, "pretrained=toy/twin,budget_scale=0.5")
+    assert identity.header_mismatch(header, "pretrained=toy/twin,dtype=auto") is None
+    assert "pretrained" in identity.header_mismatch(header, "pretrained=other")
 
 
 def test_a_new_header_field_is_identity_unless_named_speed_only():

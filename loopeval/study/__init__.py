@@ -12,11 +12,13 @@ store, and rebuilds the report; ``--report-only`` rebuilds only the report.
 from __future__ import annotations
 
 import fnmatch
+from contextlib import nullcontext
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from loopeval.outputs import folder_lock
 from loopeval.study.plan import Evaluation, check_before_compute, expand, expected_cost, status
 from loopeval.study.spec import Study, load_study
 
@@ -55,32 +57,33 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
     chosen = [e for e in evaluations if only is None or fnmatch.fnmatch(e.name, only)]
     if not chosen:
         raise ValueError(f"--only {only!r} matches no evaluation; they are named like {evaluations[0].name}")
-    check_before_compute(study, evaluations, rerun=rerun)
-    states = {e.name: status(e, study, rerun=rerun) for e in chosen}
-    stale = [f"{n} ({s.split(': ', 1)[1]})" for n, s in states.items() if s.startswith("stale")]
-    if stale and report_only:
-        raise ValueError(f"--report-only: {len(stale)} finished evaluation(s) were made with other settings or "
-                         f"weights, e.g. {stale[0]}; run without --report-only to redo them")
-    for name, state in states.items():
-        if state.startswith("stale") and not dry_run:
-            print(f"re-running {name}: its finished folder was made with other settings or weights "
-                  f"({state.split(': ', 1)[1]})", file=sys.stderr)
-    todo = [e for e in chosen if states[e.name] != "done"]
-    outcomes = {e.name: "skipped: done" for e in chosen if e not in todo}
-    if dry_run:
-        cost = expected_cost(study, chosen)
-        _print_plan(study, chosen, todo, cost)
-        return StudyResult(study, {**outcomes, **{e.name: "planned" for e in todo}}, None)
-    if todo and not report_only:
-        expected = expected_cost(study, todo) if len(devices or [None] * workers) > 1 else {}
-        outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
-                                     progress=progress))
-    missing = [e.name for e in evaluations if not e.folder.is_dir()]
-    if missing:
-        print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
-              f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
-        return StudyResult(study, outcomes, None)
-    return StudyResult(study, outcomes, write_study_report(study, evaluations))
+    with nullcontext() if dry_run else folder_lock(study.output, "protocol"):
+        check_before_compute(study, evaluations, rerun=rerun)
+        states = {e.name: status(e, study, rerun=rerun) for e in chosen}
+        stale = [f"{n} ({s.split(': ', 1)[1]})" for n, s in states.items() if s.startswith("stale")]
+        if stale and report_only:
+            raise ValueError(f"--report-only: {len(stale)} finished evaluation(s) were made with other settings or "
+                             f"weights, e.g. {stale[0]}; run without --report-only to redo them")
+        for name, state in states.items():
+            if state.startswith("stale") and not dry_run:
+                print(f"re-running {name}: its finished folder was made with other settings or weights "
+                      f"({state.split(': ', 1)[1]})", file=sys.stderr)
+        todo = [e for e in chosen if states[e.name] != "done"]
+        outcomes = {e.name: "skipped: done" for e in chosen if e not in todo}
+        if dry_run:
+            cost = expected_cost(study, chosen)
+            _print_plan(study, chosen, todo, cost)
+            return StudyResult(study, {**outcomes, **{e.name: "planned" for e in todo}}, None)
+        if todo and not report_only:
+            expected = expected_cost(study, todo) if len(devices or [None] * workers) > 1 else {}
+            outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
+                                         progress=progress))
+        missing = [e.name for e in evaluations if not e.folder.is_dir()]
+        if missing:
+            print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
+                  f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
+            return StudyResult(study, outcomes, None)
+        return StudyResult(study, outcomes, write_study_report(study, evaluations))
 
 
 def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:

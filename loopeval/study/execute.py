@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -137,6 +138,19 @@ def run_parallel(evaluations: list[Evaluation], study: Study, *, devices: list[s
     return _pool(evaluations, study, devices, expected, total)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_on_sigterm():
+    """SIGTERM (a scheduler's kill) stops the workers as Ctrl-C does, instead of orphaning them."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _interrupt)
+
+
 def _pool(evaluations, study, devices, expected, total) -> dict[str, str]:
     import multiprocessing as mp
     import queue
@@ -160,6 +174,7 @@ def _pool(evaluations, study, devices, expected, total) -> dict[str, str]:
     by_name = {e.name: e for e in evaluations}
     for w in workers:
         w.start()
+    previous = _stop_on_sigterm()
     try:
         while len(outcome) < len(evaluations):
             if not any(w.is_alive() for w in workers) and events.empty():
@@ -190,6 +205,8 @@ def _pool(evaluations, study, devices, expected, total) -> dict[str, str]:
             w.terminate()
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         for w in workers:
             w.join(timeout=5)
         for line in lines:
