@@ -337,10 +337,18 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, mo
 
 def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict],
                cluster_field: str | None) -> TaskScores:
-    counts = results.get("n-samples", {}).get(task)
+    n_samples = results.get("n-samples", {})
+    if not isinstance(n_samples, dict):
+        raise ValueError(f"{results_file}: field 'n-samples' is a {type(n_samples).__name__}, expected a mapping "
+                         "of task -> {original, effective}")
+    counts = n_samples.get(task)
     if counts is None:
         raise ValueError(f"{results_file}: task {task} has no n-samples entry")
-    original, effective = int(counts["original"]), int(counts["effective"])
+    if not isinstance(counts, dict) or not all(
+            isinstance(counts.get(k), int) and not isinstance(counts.get(k), bool) for k in ("original", "effective")):
+        raise ValueError(f"{results_file}: field 'n-samples.{task}' is {counts!r}, expected "
+                         "{'original': int, 'effective': int}")
+    original, effective = counts["original"], counts["effective"]
     if effective < original:
         raise ValueError(
             f"{results_file}: task {task}: the run was cut by --limit ({effective} of {original} items); "
@@ -406,7 +414,8 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     """
     results_file = _results_file(Path(path))
     results = _read_json(results_file)
-    if not isinstance(results.get("configs"), dict) or not isinstance(results.get("results"), dict):
+    if not isinstance(results, dict) or not isinstance(results.get("configs"), dict) \
+            or not isinstance(results.get("results"), dict):
         raise ValueError(f"{results_file}: not an lm-eval results file (no 'results' and 'configs')")
     leaves = list(results["configs"])
     groups = {g: tuple(s) for g, s in results.get("group_subtasks", {}).items() if g not in results["configs"]}

@@ -20,15 +20,13 @@ RUNS = Path(__file__).parent / "fixtures" / "runs"
 TRACED = ["toy_arith", "toy_aime"]
 
 
-def _other(value):
-    """A value unequal to ``value`` of a plausible type."""
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, (int, float)):
-        return value + 3
-    if isinstance(value, dict):
-        return {**value, "changed": True}
-    return f"changed-{value}"
+def _other(name: str):
+    """A value of the setting's declared type unequal to its default."""
+    field = next(f for f in fields(DecodingSettings) if f.name == name)
+    default = DecodingSettings().__getattribute__(name)
+    kind = [t.strip() for t in str(field.type).split("|") if t.strip() != "None"][0]
+    return {"bool": lambda: not default, "int": lambda: (default or 0) + 3, "float": lambda: (default or 0) + 3.0,
+            "str": lambda: f"changed-{default}", "dict": lambda: {"changed": True}}[kind]()
 
 
 def _header_lines(folder: Path):
@@ -56,8 +54,7 @@ def test_settings_are_every_decoding_settings_field():
 
 @pytest.mark.parametrize("name", identity.SETTINGS)
 def test_each_output_setting_is_detected_by_compare_report_study_and_resume_store(tmp_path, name):
-    base = DecodingSettings()
-    changed = _other(getattr(base, name))
+    changed = _other(name)
     a = load_run(_copy_with(tmp_path, "a"))
     b = load_run(_copy_with(tmp_path, "b", **{name: changed}))
     assert getattr(b.header.decoding, name) == changed

@@ -49,6 +49,7 @@ def run_lm_eval(model_args: dict, tasks: list[str], output: Path, *, task_manage
     tracker = EvaluationTracker(output_path=str(output))
     options = {k: lm_eval[k] for k in ("batch_size", "device", "num_fewshot", "system_instruction",
                                        "fewshot_as_multiturn", "gen_kwargs") if lm_eval.get(k) is not None}
+    options.setdefault("device", default_device())
     with stderr_to(log):
         results = simple_evaluate(
             model="looped", model_args=model_args, tasks=list(tasks), task_manager=task_manager,
@@ -60,6 +61,14 @@ def run_lm_eval(model_args: dict, tasks: list[str], output: Path, *, task_manage
         for task in results["configs"]:
             tracker.save_results_samples(task_name=task, samples=samples[task])
     return output
+
+
+def default_device() -> str:
+    """The device of a study without ``device:``: CUDA where this machine has it, else the CPU
+    (lm-eval's own default, CUDA, fails every evaluation on a CPU-only machine)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def run_one(evaluation: Evaluation, study: Study, manager=None) -> Path:

@@ -114,6 +114,8 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
     from loopeval.manifest import find_manifest, twin_mismatches
 
     _check_tasks(study)
+    _check_device(study)
+    _check_reserves(study)
     for i, m in enumerate(study.models):
         try:
             loop = resolve_loop(m.path, m.loop, operator=m.operator, beta=m.beta, mix=m.mix)
@@ -142,6 +144,43 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
                                  "(allow_manifest_mismatch: true to evaluate them anyway)")
     for e in evaluations:
         status(e, study, rerun=rerun)
+
+
+def _check_device(study: Study) -> None:
+    device = str(study.lm_eval.get("device") or "")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{study.path}: lm_eval.device: {device}, but this machine has no CUDA device "
+                             "(use device: cpu, or leave it out to use CUDA only where present)")
+        index = device.partition(":")[2]
+        if index.isdigit() and int(index) >= torch.cuda.device_count():
+            raise ValueError(f"{study.path}: lm_eval.device: {device}, but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+
+
+def _check_reserves(study: Study) -> None:
+    """Every forcing reserve fits every budget it meets (the forcing string's length is checked
+    again, exactly, by the model before generating)."""
+    from loopeval.decoding import DEFAULT_RESERVE, effective_reserve, scaled_budget
+
+    forcing = [d for d in study.decoding if str(d.args.get("budget_forcing", "false")).lower() in ("true", "1", "yes", "on")]
+    if not forcing:
+        return
+    from lm_eval.tasks import get_task_dict
+
+    budgets = {name: int(task.config.generation_kwargs.get("max_gen_toks", 256))
+               for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items()
+               if task.OUTPUT_TYPE == "generate_until"}
+    for d in forcing:
+        for scale in study.budgets:
+            for task, tokens in budgets.items():
+                try:
+                    effective_reserve(int(d.args.get("bf_reserve", DEFAULT_RESERVE)), budget=scaled_budget(tokens, scale),
+                                      scale=scale, rule=str(d.args.get("bf_reserve_rule", "scaled")))
+                except ValueError as exc:
+                    raise ValueError(f"{study.path}: decoding {d.name!r} at budget {scale:g}x on task {task}: {exc}") from None
 
 
 def task_manager(study: Study):

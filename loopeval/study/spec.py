@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loopeval.args import as_bool, as_float, as_int
+from loopeval.args import as_bool, as_choice, as_float, as_int
 
 ROLES = ("twin", "looped", "larger")
 STUDY_KEYS = ("name", "output", "models", "tasks", "include_path", "budgets", "decoding", "lm_eval", "statistics",
@@ -100,7 +100,12 @@ def load_study(path: str | Path) -> Study:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such study file")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+    except yaml.MarkedYAMLError as exc:
+        line = f":{exc.problem_mark.line + 1}" if exc.problem_mark is not None else ""
+        raise ValueError(f"{path}{line}: not valid YAML ({exc.problem or exc.context})") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
     w = _Where(path)
@@ -141,6 +146,8 @@ def load_study(path: str | Path) -> Study:
             model_args=dict(w.mapping(m.get("model_args") or {}, f"{key}.model_args", _ANY)),
         ))
     _check_names(w, "models", [m.name for m in models])
+    for i, m in enumerate(models):
+        _check_folder_name(w, f"models[{i}].name", m.name)
     _check_pairs(w, models)
 
     tasks = raw["tasks"]
@@ -161,8 +168,28 @@ def load_study(path: str | Path) -> Study:
     _check_names(w, "budgets", [f"{b:g}" for b in budgets])
 
     decoding = _decoding(w, raw.get("decoding") or [{"name": "plain"}])
+    for i, d in enumerate(decoding):
+        _check_folder_name(w, f"decoding[{i}].name", d.name)
     lm_eval = dict(w.mapping(raw.get("lm_eval") or {}, "lm_eval", LM_EVAL_KEYS))
+    shared_loop = sorted(k for k in w.mapping(lm_eval.get("model_args") or {}, "lm_eval.model_args", _ANY)
+                         if k == "loop" or k.startswith("loop_") or k == "exit_after")
+    if shared_loop:
+        raise w.error(f"lm_eval.model_args.{shared_loop[0]}", "a shared loop setting would loop the twin too; "
+                      "give the loop in the looped model's entry (base: and loop:)")
+    for key in ("apply_chat_template", "fewshot_as_multiturn"):
+        if key in lm_eval:
+            lm_eval[key] = w.typed(f"lm_eval.{key}", as_bool, lm_eval[key])
+    for key, parse in (("n_resamples", lambda n, v: as_int(n, v, minimum=1)), ("seed", as_int),
+                       ("alpha", lambda n, v: as_float(n, v, positive=True)),
+                       ("margin", lambda n, v: as_float(n, v, positive=True)),
+                       ("cost", lambda n, v: as_choice(n, v, ("passes", "flops"))),
+                       ("selection", lambda n, v: as_choice(n, v, ("fixed", "resampled")))):
+        if key in statistics:
+            statistics[key] = w.typed(f"statistics.{key}", parse, statistics[key])
     report = dict(w.mapping(raw.get("report") or {}, "report", REPORT_KEYS))
+    for key in ("strict", "latex"):
+        if key in report:
+            report[key] = w.typed(f"report.{key}", as_bool, report[key])
     if "sizes" in report:
         sizes = report["sizes"]
         if not (isinstance(sizes, list) and len(sizes) == 2):
@@ -180,6 +207,25 @@ def load_study(path: str | Path) -> Study:
     )
 
 
+def _unique_key_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last silently)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
 class _Anything(tuple):
     def __contains__(self, item) -> bool:
         return True
@@ -194,6 +240,13 @@ def _check_names(w: _Where, key: str, names: list[str]) -> None:
         if name in seen:
             raise w.error(f"{key}[{i}]", f"duplicate {name!r}")
         seen.add(name)
+
+
+def _check_folder_name(w: _Where, key: str, name: str) -> None:
+    """Names become folder names (``MODEL__DECODING__SCALEx``): no separators, no "..", no "__"."""
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0") or "__" in name:
+        raise w.error(key, f"{name!r} cannot name a folder: use letters, digits, '-', '_' or '.', without '/', "
+                           "a leading '.', or '__' (which separates the parts of an evaluation's name)")
 
 
 def _check_pairs(w: _Where, models: list[ModelSpec]) -> None:
