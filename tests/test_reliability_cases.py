@@ -90,3 +90,22 @@ def test_a_study_file_that_is_not_utf8(tmp_path):  # case 12
     path.write_bytes(b"name: \xff\n")
     with pytest.raises(ValueError, match="study.yaml: not UTF-8 text"):
         load_study(path)
+
+
+def test_a_loop_config_that_does_not_fit_is_refused_before_weights_load(tmp_path, monkeypatch):  # case 12
+    import transformers
+
+    from loopeval import save_model
+    from loopeval.model_adapters.looped import LoopedLM
+    from loopeval.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    save_model(tiny_model("qwen3", vocab_size=len(tok), num_layers=4), tok, tmp_path / "m")
+    (tmp_path / "m" / "loop_config.json").write_text(json.dumps({"loop": "2:9x2"}))
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights loaded before the loop was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    with pytest.raises(ValueError, match=r"m/loop_config.json: loop spec '2:9x2': window 2:9x2 reaches past the last layer"):
+        LoopedLM(pretrained=str(tmp_path / "m"), device="cpu")
