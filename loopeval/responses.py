@@ -36,6 +36,8 @@ class ResponseStore:
     def __init__(self, folder: str | Path, *, rank: int = 0, world_size: int = 1):
         self.path = Path(folder) / (f"{PREFIX}_rank{rank}.jsonl" if world_size > 1 else f"{PREFIX}.jsonl")
         self.rows: dict[str, dict] = {}
+        if self.path.exists() and not self.path.is_file():
+            raise ValueError(f"resume_dir: {self.path} is not a file; give a resume folder of loopeval's own")
         if self.path.is_file():
             self._load()
 

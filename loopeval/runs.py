@@ -224,6 +224,13 @@ def _results_file(path: Path) -> Path:
     return max(files, key=_stamp)  # ISO timestamps sort as text
 
 
+def _versions(results: dict, results_file: Path) -> dict:
+    versions = results.get("versions") or {}
+    if not isinstance(versions, dict):
+        raise ValueError(f"{results_file}: field 'versions' is a {type(versions).__name__}, expected a mapping of task -> version")
+    return dict(versions)
+
+
 def _stamp(results_file: Path) -> str:
     """lm-eval's timestamp in a results file name (after the last "_"), shared by its samples files."""
     return results_file.stem.rsplit("_", 1)[-1]
@@ -442,7 +449,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
         config=results.get("config", {}),
         trace_headers=tuple(used[order] for order in sorted(used)),
         trace_error=trace_error,
-        versions=dict(results.get("versions") or {}),
+        versions=_versions(results, results_file),
     )
 
 

@@ -67,6 +67,12 @@ BASE = {"name": "s", "output": "out", "tasks": ["t"],
     ({"models": [{"name": "..", "role": "twin", "path": "a"}]}, r"models\[0\].name: '..' cannot name a folder"),
     ({"models": [{"name": "x__y", "role": "twin", "path": "a"}]}, r"models\[0\].name: 'x__y' cannot name a folder"),
     ({"decoding": [{"name": "bf__1"}]}, r"decoding\[0\].name: 'bf__1' cannot name a folder"),
+    # the fresh sweep (docs/reliability.md)
+    ({"statistics": {"alpha": 1.5}}, r"statistics.alpha: alpha=1.5: expected a fraction in \(0, 1\)"),
+    ({"statistics": {"margin": 2}}, r"statistics.margin: margin=2: expected a fraction in \(0, 1\) \(fractions, not points"),
+    ({"lm_eval": {"batch_size": 0}}, r"lm_eval.batch_size: batch_size=0: must be >= 1"),
+    ({"lm_eval": {"num_fewshot": "five"}}, r"lm_eval.num_fewshot: num_fewshot='five': expected a whole number"),
+    ({"output": "study.yaml"}, r"output: .*study.yaml is a file"),
 ])
 def test_study_values_go_through_the_strict_parsers(tmp_path, change, message):  # cases 10, 12
     path = _study(tmp_path, yaml.safe_dump({**BASE, **change}))
@@ -109,3 +115,22 @@ def test_a_loop_config_that_does_not_fit_is_refused_before_weights_load(tmp_path
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
     with pytest.raises(ValueError, match=r"m/loop_config.json: loop spec '2:9x2': window 2:9x2 reaches past the last layer"):
         LoopedLM(pretrained=str(tmp_path / "m"), device="cpu")
+
+
+def test_sweep_results_versions_a_list_and_a_store_that_is_a_folder(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from loopeval.responses import ResponseStore
+    from loopeval.runs import load_run
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "runs" / "twin", tmp_path / "twin")
+    (results,) = (tmp_path / "twin").rglob("results_*.json")
+    data = json.loads(results.read_text())
+    data["versions"] = [1, 2]
+    results.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"results_.*json: field 'versions' is a list"):
+        load_run(results)
+    (tmp_path / "store" / "loopeval_responses.jsonl").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"loopeval_responses.jsonl is not a file"):
+        ResponseStore(tmp_path / "store")

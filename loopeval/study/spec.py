@@ -179,9 +179,14 @@ def load_study(path: str | Path) -> Study:
     for key in ("apply_chat_template", "fewshot_as_multiturn"):
         if key in lm_eval:
             lm_eval[key] = w.typed(f"lm_eval.{key}", as_bool, lm_eval[key])
+    if lm_eval.get("num_fewshot") is not None:
+        lm_eval["num_fewshot"] = w.typed("lm_eval.num_fewshot", as_int, lm_eval["num_fewshot"], minimum=0)
+    if lm_eval.get("batch_size") is not None:
+        size = lm_eval["batch_size"]
+        if not (isinstance(size, str) and size.startswith("auto")):
+            lm_eval["batch_size"] = w.typed("lm_eval.batch_size", as_int, size, minimum=1)
     for key, parse in (("n_resamples", lambda n, v: as_int(n, v, minimum=1)), ("seed", as_int),
-                       ("alpha", lambda n, v: as_float(n, v, positive=True)),
-                       ("margin", lambda n, v: as_float(n, v, positive=True)),
+                       ("alpha", _fraction), ("margin", _fraction),
                        ("cost", lambda n, v: as_choice(n, v, ("passes", "flops"))),
                        ("selection", lambda n, v: as_choice(n, v, ("fixed", "resampled")))):
         if key in statistics:
@@ -198,8 +203,11 @@ def load_study(path: str | Path) -> Study:
     intended = raw.get("intended_differences") or []
     if not isinstance(intended, list):
         raise w.error("intended_differences", "expected a list of setting names")
+    output = (here / str(raw["output"])).resolve()
+    if output.exists() and not output.is_dir():
+        raise w.error("output", f"{output} is a file; give a folder for the study's evaluations and report")
     return Study(
-        path=path, name=str(raw.get("name") or path.stem), output=(here / str(raw["output"])).resolve(),
+        path=path, name=str(raw.get("name") or path.stem), output=output,
         models=tuple(models), tasks=tuple(tasks), include_path=tuple(include), budgets=tuple(budgets),
         decoding=decoding, lm_eval=lm_eval, statistics={**statistics, "default_scale": default_scale}, report=report,
         intended_differences=tuple(str(x) for x in intended),
@@ -240,6 +248,14 @@ def _check_names(w: _Where, key: str, names: list[str]) -> None:
         if name in seen:
             raise w.error(f"{key}[{i}]", f"duplicate {name!r}")
         seen.add(name)
+
+
+def _fraction(name: str, value) -> float:
+    """A level or margin: a fraction in (0, 1), never points."""
+    number = as_float(name, value)
+    if not 0 < number < 1:
+        raise ValueError(f"{name}={value!r}: expected a fraction in (0, 1) (fractions, not points: 2 points is 0.02)")
+    return number
 
 
 def _check_folder_name(w: _Where, key: str, name: str) -> None:
