@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import os
 import platform
 from collections import defaultdict, deque
@@ -35,13 +36,17 @@ import loopeval
 from loopeval.common.args import as_bool, as_field, as_int, as_text
 from loopeval.core.cache_check import check_cache as run_cache_check
 from loopeval.core.checkpoint import weights_fingerprint
+from loopeval.evaluation.identity import output_identity
 from loopeval.core.loop import check_source
 from loopeval.core.cost import loop_cost
 from loopeval.evaluation.decoding import (
     DecodingRules,
     RowOutcome,
+    check_forcing_against_eos,
+    check_forcing_against_stops,
     cut_at_stop,
     effective_reserve,
+    forcing_strings,
     forcing_tokens,
     scaled_budget,
 )
@@ -109,6 +114,23 @@ there is a new model arg here. ``LoopedArgs.parse(raw)`` types them."""
 def decoding_options(args) -> DecodingOptions:
     """The decoding options of parsed ``LoopedArgs``."""
     return DecodingOptions(**{name: getattr(args, name) for name in DECODING_OPTIONS})
+
+
+PLAN_KEY = "loopeval_plan"
+"""The generation kwarg that carries a request's plan key through lm-eval's batching (never reaches ``generate``)."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What ``looped`` does to one request beyond lm-eval: its stop strings and its forcing reserve.
+    Requests of one batch share a plan (lm-eval batches by generation kwargs, which hold its key)."""
+
+    until: tuple[str, ...]
+    reserve: int | None
+
+    @property
+    def key(self) -> str:
+        return json.dumps([list(self.until), self.reserve])
 
 
 def _folder(name: str, value) -> str:
@@ -187,6 +209,8 @@ class LoopedLM(HFLM):
             template_args = dict(kwargs.pop("chat_template_args", None) or {})
             template_args["enable_thinking"] = as_bool("enable_thinking", kwargs.pop("enable_thinking"))
             kwargs["chat_template_args"] = template_args
+        self.batch_size_used = None  # what batch_size=auto detected
+        self.chat_template_applied = False
         super().__init__(pretrained, **kwargs)
         if self.loop is not None and loop_config(self.model) is None:
             apply_loop(self.model, self.loop)
@@ -196,7 +220,13 @@ class LoopedLM(HFLM):
         self.check_cache = args.check_cache and self.loop is not None
         self.cache_check_result = None
         self.budget_scale = args.budget_scale
+        self.force_strings = forcing_strings(args.bf_string)
         self.force_ids = forcing_tokens(self.tokenizer, args.bf_string)
+        if args.budget_forcing:
+            try:
+                check_forcing_against_eos(self.tokenizer, self.force_strings, [self.eot_token_id, *self._generation_eos()])
+            except ValueError as exc:
+                raise ValueError(f"looped: {exc}") from None
         self.weights = weights_fingerprint(self.model)
         self._trace_writer = None
         self._store = None
@@ -204,6 +234,7 @@ class LoopedLM(HFLM):
             self._store = ResponseStore(args.resume_dir, rank=self.rank, world_size=self.world_size)
         self._batch_contexts: list[str] = []
         self._pending = defaultdict(deque)
+        self._plans: dict[str, _Plan] = {}
 
     def set_cache_hook(self, cache_hook) -> None:
         if getattr(cache_hook, "dbdict", None) is not None:
@@ -222,9 +253,12 @@ class LoopedLM(HFLM):
         return DecodingSettings.record(
             decoding_options(self.args),
             dtype=str(next(self.model.parameters()).dtype).replace("torch.", ""),
-            batch_size=str(self.batch_size),
-            chat_template_sha=prompt_hash(template) if template else None,
-            chat_template_args=dict(self.chat_template_args or {}),
+            batch_size=str(self.batch_size_used or self.batch_size),
+            chat_template_sha=prompt_hash(template) if template and self.chat_template_applied else None,
+            chat_template_args=dict(self.chat_template_args or {}) if self.chat_template_applied else {},
+            seed=torch.initial_seed(),
+            max_length=int(self.max_length),
+            truncation=bool(self.truncation),
         )
 
     def trace_header(self) -> TraceHeader:
@@ -244,11 +278,16 @@ class LoopedLM(HFLM):
         )
 
     def _identity(self) -> dict:
-        """Everything besides the request that changes a generation: the response store's key."""
-        return {"model": str(self.pretrained), "weights": self.weights, "loop": self.loop and self.loop.to_dict(),
-                "decoding": self.decoding_settings().__dict__}
+        """Everything besides the request that changes a generation (:func:`loopeval.evaluation.identity.output_identity`):
+        the response store's key."""
+        return output_identity(self.trace_header())
 
-    def _plan(self, request) -> tuple[str, dict, list[str], int | None]:
+    def _plan(self, request) -> tuple[str, dict, _Plan]:
+        """The request's context, the kwargs lm-eval batches it by, and its plan (stop strings, reserve).
+
+        The plan's key goes into the kwargs lm-eval groups batches by, so a batch never mixes
+        requests with different stop strings or reserves; ``_model_generate`` takes it out again.
+        """
         context, gen_kwargs = request.args
         gen_kwargs = dict(gen_kwargs)
         until = gen_kwargs.get("until") or []
@@ -260,40 +299,57 @@ class LoopedLM(HFLM):
                 reserve = effective_reserve(self.args.bf_reserve, budget=budget, scale=self.budget_scale,
                                             rule=self.args.bf_reserve_rule,
                                             minimum=max(len(ids) for ids in self.force_ids))
+                check_forcing_against_stops(self.force_strings, until)
             except ValueError as exc:
                 raise ValueError(f"looped: task {request.task_name!r}: {exc}") from None
+        if self.max_length <= budget:
+            raise ValueError(
+                f"looped: task {request.task_name!r}: the token budget max_gen_toks={budget} (budget_scale="
+                f"{self.budget_scale:g}) leaves no room for a prompt within max_length={self.max_length}; "
+                "lower budget_scale or raise max_length")
+        plan = _Plan(tuple(until), reserve)
+        self._plans[plan.key] = plan
         # Stop strings are applied by loopeval (never inside thinking); lm-eval keeps only EOS.
-        gen_kwargs.update(max_gen_toks=budget, until=[])
-        return context, gen_kwargs, until, reserve
+        gen_kwargs.update(max_gen_toks=budget, until=[], **{PLAN_KEY: plan.key})
+        return context, gen_kwargs, plan
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         plans = [self._plan(r) for r in requests]  # every budget is checked before any work
         clones = []
-        for request, (context, gen_kwargs, until, reserve) in zip(requests, plans):
+        for request, (context, gen_kwargs, plan) in zip(requests, plans):
             clone = copy.copy(request)
             clone.arguments = (context, gen_kwargs)
             clones.append(clone)
-            # Keyed by context: lm-eval hands _model_generate the batch's contexts, and a task may
-            # set max_length, so the budget is not a reliable key.
-            self._pending[context].append((request, until, reserve, gen_kwargs))
+            # Keyed by plan and context: lm-eval hands _model_generate the batch's contexts.
+            self._pending[(plan.key, context)].append((request, gen_kwargs))
         try:
             texts = super().generate_until(clones, disable_tqdm=disable_tqdm)
         finally:
             self._pending.clear()
         out = []
-        for text, (context, _, until, _) in zip(texts, plans):
+        for text, (context, _, plan) in zip(texts, plans):
             text = THINK_OPEN + text if _opens_thinking(context) else text
-            out.append(cut_at_stop(text, until))
+            out.append(cut_at_stop(text, list(plan.until)))
         return out
+
+    def _detect_batch_size(self, *args, **kwargs):
+        size = super()._detect_batch_size(*args, **kwargs)
+        self.batch_size_used = size
+        return size
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.chat_template_applied = True
+        return super().apply_chat_template(*args, **kwargs)
 
     def tok_batch_encode(self, strings, *args, **kwargs):
         self._batch_contexts = list(strings)
         return super().tok_batch_encode(strings, *args, **kwargs)
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        plan = self._plans[generation_kwargs.pop(PLAN_KEY)]
         contexts = self._batch_contexts
         max_new = max_length - context.shape[1]
-        entries = [self._pending[c].popleft() for c in contexts]
+        entries = [self._pending[(plan.key, c)].popleft() for c in contexts]
         if self.check_cache and self.cache_check_result is None:
             self._run_cache_check(contexts, max_new)
         mask = generation_kwargs.get("attention_mask")
@@ -302,13 +358,13 @@ class LoopedLM(HFLM):
         if self._store is not None:
             identity = self._identity()
             keys = [request_key(identity, c, {"request": req.args[1], "run": kw})
-                    for (req, _, _, kw), c in zip(entries, contexts)]
+                    for (req, kw), c in zip(entries, contexts)]
         stored = self._store.batch(keys) if self._store is not None else None
         if stored is not None and len({len(r["generated"]) for r in stored}) == 1:
             sequences = torch.cat([context, torch.tensor([r["generated"] for r in stored], device=context.device)], 1)
             outcomes = [RowOutcome(**r["outcome"]) for r in stored]
         else:
-            sequences, outcomes = self._generate(context, max_length, stop, entries, generation_kwargs)
+            sequences, outcomes = self._generate(context, max_length, stop, plan, generation_kwargs)
             if self._store is not None:
                 generated = sequences[:, context.shape[1]:].tolist()
                 self._store.add([(k, g, o.__dict__, int(p)) for k, g, o, p in zip(keys, generated, outcomes, prompt_tokens)])
@@ -318,12 +374,12 @@ class LoopedLM(HFLM):
                     self.args.trace, self.trace_header(), rank=self.rank, world_size=self.world_size
                 )
             self._trace_writer.write([
-                self._trace_item(req, c, p, o, max_new, reserve)
-                for (req, _, reserve, _), c, p, o in zip(entries, contexts, prompt_tokens, outcomes)
+                self._trace_item(req, c, p, o, max_new, plan.reserve)
+                for (req, _), c, p, o in zip(entries, contexts, prompt_tokens, outcomes)
             ])
         return sequences
 
-    def _generate(self, context, max_length, stop, entries, generation_kwargs):
+    def _generate(self, context, max_length, stop, plan, generation_kwargs):
         """One cached ``generate`` call with the decoding rules; the sequences and each row's outcome."""
         eos = {self.eot_token_id, *self._generation_eos()}
         a = self.args
@@ -332,11 +388,11 @@ class LoopedLM(HFLM):
             context,
             max_length - context.shape[1],
             budget_forcing=a.budget_forcing,
-            reserve=entries[0][2] or DEFAULT_RESERVE,
+            reserve=plan.reserve or DEFAULT_RESERVE,
             force_string=a.bf_string,
             when_answered=a.bf_when_answered,
             repetition_stop=a.repetition_stop,
-            stops=entries[0][1],
+            stops=list(plan.until),
             eos_token_ids=[e for e in eos if e is not None],
         )
         if rules.active:

@@ -65,9 +65,11 @@ class TaskScores:
 
     def _traced(self) -> tuple[tuple[TraceItem, ...], ...]:
         if self.trace is None:
+            why = next((self.foreign_traces[(self.task, int(d), h)] for d, h in zip(self.doc_ids, self.prompt_hashes)
+                        if (self.task, int(d), h) in (self.foreign_traces or {})), None)
             raise ValueError(
                 f"{self.samples_path.parent}: task {self.task}: no loopeval cost trace covers it "
-                "(the looped model writes one for generation requests)"
+                + (f"({why})" if why else "(the looped model writes one for generation requests)")
             )
         missing = [(int(d), h) for d, h, recs in zip(self.doc_ids, self.prompt_hashes, self.trace) if not recs]
         if missing:
@@ -117,6 +119,14 @@ class Run:
     config: Mapping
     trace_headers: tuple[TraceHeader, ...]
     trace_error: str | None = None
+    versions: Mapping = None  # lm-eval's task versions
+
+    @property
+    def identity(self):
+        """What this evaluation is (:class:`loopeval.evaluation.identity.Identity`)."""
+        from loopeval.evaluation.identity import of_run
+
+        return of_run(self)
 
     @property
     def model_args(self):
@@ -168,22 +178,18 @@ class Run:
         return list(self.tasks) if tasks is None else _expand(tasks, self.groups, self.tasks, self.path)
 
 
-def decoding_differences(a: Run, b: Run) -> list[str]:
-    """What differs between two runs' decoding: the shared settings of their traces
-    (:data:`loopeval.evaluation.trace.SHARED`) and each shared task's generation kwargs (empty: none).
-    A run without a readable trace is one difference, with the reason."""
+def decoding_differences(a: Run, b: Run, *, intended=()) -> list[str]:
+    """What differs between two runs besides their weights and loop (:func:`loopeval.evaluation.identity.differences`):
+    the shared settings of their traces, each shared task's version and generation kwargs, and
+    each item's rendered prompt (empty: none). ``intended`` names differences to allow. A run
+    without a readable trace is one difference, with the reason."""
+    from loopeval.evaluation.identity import differences, of_run
+
     diffs = []
-    if a.header is None or b.header is None:
-        for run in (a, b):
-            if run.header is None:
-                diffs.append(f"{run.path.parent}: no loopeval trace" + (f" ({run.trace_error})" if run.trace_error else ""))
-    else:
-        diffs += a.header.decoding.differences(b.header.decoding)
-    for task in sorted(set(a.tasks) & set(b.tasks)):
-        ga, gb = a.tasks[task].generation_kwargs, b.tasks[task].generation_kwargs
-        if ga != gb:
-            diffs.append(f"{task} generation kwargs: {ga} vs {gb}")
-    return diffs
+    for run in (a, b):
+        if run.header is None:
+            diffs.append(f"{run.path.parent}: no loopeval trace" + (f" ({run.trace_error})" if run.trace_error else ""))
+    return diffs + differences(of_run(a), of_run(b), intended=intended)
 
 
 def _expand(names: Sequence[str], groups: Mapping[str, Sequence[str]], leaves, where) -> list[str]:
@@ -216,6 +222,13 @@ def _results_file(path: Path) -> Path:
             raise FileNotFoundError(f"no lm-eval results_*.json in {path} or its model folders")
         files = sorted(models[0].glob("results_*.json"))
     return max(files, key=_stamp)  # ISO timestamps sort as text
+
+
+def _versions(results: dict, results_file: Path) -> dict:
+    versions = results.get("versions") or {}
+    if not isinstance(versions, dict):
+        raise ValueError(f"{results_file}: field 'versions' is a {type(versions).__name__}, expected a mapping of task -> version")
+    return dict(versions)
 
 
 def _stamp(results_file: Path) -> str:
@@ -293,16 +306,26 @@ def _run_window(results: dict, results_file: Path) -> tuple[float, float] | None
     return start, end if start <= end <= longest else longest
 
 
-def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None) -> tuple[dict, dict]:
+def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, model_args=None,
+                 results_file: Path | None = None) -> tuple[dict, dict]:
     """``{(task, doc_id, prompt_hash): (trace order, header, records)}`` over the folders' traces,
     and ``{key: why}`` for the keys held only by traces written outside the run.
 
-    Only traces created while the run was evaluating count (folders are often shared by
-    several runs); the newest trace holding a key supplies all of that key's records.
+    Only traces created while the run was evaluating, by a model with the run's
+    ``model_args`` (:func:`loopeval.evaluation.identity.header_mismatch`), count: folders are often shared
+    by several runs, even at once. The newest trace holding a key supplies all of that key's records.
     """
+    from loopeval.evaluation.identity import header_mismatch
+
     index, foreign = {}, {}
     inside = []
     for trace in sorted((t for d in folders for t in find_traces(d)), key=lambda t: t.created):
+        mismatch = header_mismatch(trace.header, model_args)
+        if mismatch:
+            why = (f"{trace.path} holds it but was written by another run than {results_file} ({mismatch}); "
+                   "refusing to join them")
+            foreign.update({(i.task, i.doc_id, i.prompt_hash): why for i in trace.items})
+            continue
         if window is None or window[0] <= trace.created <= window[1]:
             inside.append(trace)
             continue
@@ -321,10 +344,18 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None) ->
 
 def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict],
                cluster_field: str | None) -> TaskScores:
-    counts = results.get("n-samples", {}).get(task)
+    n_samples = results.get("n-samples", {})
+    if not isinstance(n_samples, dict):
+        raise ValueError(f"{results_file}: field 'n-samples' is a {type(n_samples).__name__}, expected a mapping "
+                         "of task -> {original, effective}")
+    counts = n_samples.get(task)
     if counts is None:
         raise ValueError(f"{results_file}: task {task} has no n-samples entry")
-    original, effective = int(counts["original"]), int(counts["effective"])
+    if not isinstance(counts, dict) or not all(
+            isinstance(counts.get(k), int) and not isinstance(counts.get(k), bool) for k in ("original", "effective")):
+        raise ValueError(f"{results_file}: field 'n-samples.{task}' is {counts!r}, expected "
+                         "{'original': int, 'effective': int}")
+    original, effective = counts["original"], counts["effective"]
     if effective < original:
         raise ValueError(
             f"{results_file}: task {task}: the run was cut by --limit ({effective} of {original} items); "
@@ -390,14 +421,17 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     """
     results_file = _results_file(Path(path))
     results = _read_json(results_file)
-    if not isinstance(results.get("configs"), dict) or not isinstance(results.get("results"), dict):
+    if not isinstance(results, dict) or not isinstance(results.get("configs"), dict) \
+            or not isinstance(results.get("results"), dict):
         raise ValueError(f"{results_file}: not an lm-eval results file (no 'results' and 'configs')")
     leaves = list(results["configs"])
     groups = {g: tuple(s) for g, s in results.get("group_subtasks", {}).items() if g not in results["configs"]}
     selected = leaves if tasks is None else _expand(tasks, groups, leaves, results_file)
     model_dir = results_file.parent
     try:
-        traces, trace_error = _trace_index([model_dir, model_dir.parent], _run_window(results, results_file)), None
+        traces = _trace_index([model_dir, model_dir.parent], _run_window(results, results_file),
+                              (results.get("config") or {}).get("model_args"), results_file)
+        trace_error = None
     except ValueError as exc:  # a crashed run's trace in a shared folder must not block accuracies
         traces, trace_error = ({}, {}), f"cannot read the cost traces: {exc}"
     per_task = {}
@@ -415,6 +449,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
         config=results.get("config", {}),
         trace_headers=tuple(used[order] for order in sorted(used)),
         trace_error=trace_error,
+        versions=_versions(results, results_file),
     )
 
 

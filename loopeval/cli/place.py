@@ -42,13 +42,16 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    from loopeval.common.outputs import check_outputs, folder_lock
     from loopeval.tools.placement import place
     from loopeval.tools.placement.report import format_correlations, format_table
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "model", "data", "out", "top")}
     if "correlate" in options:
         options["results"] = options.pop("correlate")
-    result = place(args.model, args.data, out=args.out, **options)
+    check_outputs({"--out": args.out}, [args.model, args.data])
+    with folder_lock(args.out, "place"):
+        result = place(args.model, args.data, out=args.out, **options)
     print(format_table(result, top=args.top))
     if result.correlations:
         print(format_correlations(list(result.correlations)))

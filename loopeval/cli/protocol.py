@@ -17,6 +17,8 @@ def add(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print every evaluation, whether it is done, and its budgeted cost")
     p.add_argument("--only", metavar="PATTERN", help="run only the evaluations whose names match this glob")
     p.add_argument("--report-only", action="store_true", help="run nothing; rebuild the report from finished evaluations")
+    p.add_argument("--no-rerun", action="store_true",
+                   help="refuse, instead of re-running, a finished evaluation made with other settings or weights")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, default=1, help="parallel worker processes on the CPU (default 1)")
     where.add_argument("--devices", help="one worker per device, e.g. cuda:0,cuda:1")
@@ -28,7 +30,7 @@ def run(args) -> int:
 
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
     result = run_study(args.study, dry_run=args.dry_run, only=args.only, report_only=args.report_only,
-                       workers=args.workers, devices=devices)
+                       workers=args.workers, devices=devices, rerun=not args.no_rerun)
     for name in result.failed:
         print(f"FAILED {name}: {result.outcomes[name]}", file=sys.stderr)
     if result.report is not None:

@@ -56,12 +56,16 @@ def run(args) -> int:
     from pathlib import Path
 
     from loopeval.common.args import as_int, as_text
+    from loopeval.common.outputs import check_outputs
     from loopeval.common.paths import reports_path
     from loopeval.analysis.report import RunSpec, build_report, check_output, write_report
 
     out = check_output(args.out)  # before any work
     if args.json:
         check_output(args.json, "--json")
+    check_outputs({"--out": args.out, "--json": args.json},
+                  [*args.twin, *args.looped, args.larger, *args.serve_cost, args.template,
+                   *(p for pair in args.training for p in pair)])
     template = Path(args.template)
     if not (template.is_file() or (reports_path() / template.name).is_file()):
         raise ValueError(f"--template {args.template}: no such template file")

@@ -71,10 +71,13 @@ def _typed(parse):
 
 
 def run(args) -> int:
+    import os
+    from contextlib import nullcontext
     from pathlib import Path
 
     from accelerate import PartialState
 
+    from loopeval.common.outputs import check_outputs, folder_lock
     from loopeval.training.config import TrainConfig
     from loopeval.training.manifest import twin_mismatches
     from loopeval.training.runner import LOOPED, TWIN
@@ -90,12 +93,15 @@ def run(args) -> int:
     loop = loop_options(args)
     common = dict(config=config, overwrite=args.overwrite, heldout=args.heldout, keep_adapters=args.keep_adapters)
     out = Path(args.out)
-    if args.only == TWIN:
-        results = [train_model(args.base, args.data, out=out / TWIN, **common)]
-    elif args.only == LOOPED:
-        results = [train_model(args.base, args.data, out=out / LOOPED, loop=args.loop, **loop, **common)]
-    else:
-        results = list(train_twins(args.base, args.data, loop=args.loop, out=out, **loop, **common))
+    check_outputs({"--out": out}, [args.base, args.data, args.heldout])
+    main_rank = os.environ.get("RANK", "0") == "0"  # data-parallel ranks share rank 0's lock
+    with folder_lock(out, "train") if main_rank else nullcontext():
+        if args.only == TWIN:
+            results = [train_model(args.base, args.data, out=out / TWIN, **common)]
+        elif args.only == LOOPED:
+            results = [train_model(args.base, args.data, out=out / LOOPED, loop=args.loop, **loop, **common)]
+        else:
+            results = list(train_twins(args.base, args.data, loop=args.loop, out=out, **loop, **common))
     if not PartialState().is_main_process:  # one report under data-parallel launchers
         return 0
     for r in results:

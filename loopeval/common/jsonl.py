@@ -16,8 +16,12 @@ def read_jsonl(path: str | Path, parse: Callable[[int, dict], T | None], *, what
     ``TypeError`` or ``ValueError`` from ``parse``, raises ``ValueError`` naming
     ``path``, the line and ``what`` the file is."""
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: {what} line is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
             try:

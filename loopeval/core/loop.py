@@ -97,6 +97,16 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, arg_prefix: str 
     else:
         stored = None
     if loop is None:
+        if stored is not None and isinstance(source, (str, Path)):
+            try:  # a stored loop_config.json is checked against the config before any weights load too
+                layers = count_layers(source, revision=revision, trust_remote_code=trust_remote_code)
+            except (OSError, ValueError):
+                layers = None  # no readable config: the loaded model is checked when the loop is applied
+            if layers is not None:
+                try:
+                    stored.validate(layers)
+                except ValueError as exc:
+                    raise ValueError(f"{Path(source) / LOOP_CONFIG_NAME}: {exc}") from None
         return stored
     if stored is not None:
         raise ValueError(

@@ -105,8 +105,44 @@ class RowOutcome:
 
 def forcing_tokens(tokenizer, force_string: str | None) -> list[list[int]]:
     """Token ids of the strings budget forcing inserts: ``[in thinking, otherwise]``."""
-    strings = (force_string, force_string) if force_string is not None else (DEFAULT_THINK_STRING, DEFAULT_ANSWER_STRING)
-    return [tokenizer.encode(s, add_special_tokens=False) for s in strings]
+    return [tokenizer.encode(s, add_special_tokens=False) for s in forcing_strings(force_string)]
+
+
+def forcing_strings(force_string: str | None) -> tuple[str, str]:
+    """The strings budget forcing inserts: ``(in thinking, otherwise)``."""
+    return (force_string, force_string) if force_string is not None else (DEFAULT_THINK_STRING, DEFAULT_ANSWER_STRING)
+
+
+def check_forcing_against_stops(strings, stops) -> None:
+    """Refuse stop strings that could match text of an inserted forcing string.
+
+    A stop string is searched outside thinking only, so the part of a forcing string after
+    its last ``</think>`` is what a stop can see. A stop inside that part, or straddling its
+    start or end, would end the row and cut the forced answer away while the trace still
+    charges it; such a task is refused (a forcing string without it is the fix), rather than
+    having the stop undo the forcing.
+    """
+    for string in strings:
+        visible = string[string.rfind(THINK_CLOSE) + len(THINK_CLOSE):] if THINK_CLOSE in string else string
+        for stop in (s for s in stops if s):
+            overlap = stop in visible or any(
+                stop[k:] == visible[: len(stop) - k] or stop[: len(stop) - k] == visible[-(len(stop) - k):]
+                for k in range(1, len(stop)) if len(stop) - k <= len(visible))
+            if overlap:
+                raise ValueError(
+                    f"the stop string {stop!r} can match inside budget forcing's string {string!r} and would cut "
+                    "the forced answer away; give bf_string= a forcing string without it")
+
+
+def check_forcing_against_eos(tokenizer, strings, eos_token_ids) -> None:
+    """Refuse a forcing string holding an end-of-sequence token: every forced row would end at it."""
+    eos = {e for e in eos_token_ids if e is not None}
+    for string in strings:
+        ids = tokenizer.encode(string, add_special_tokens=False)
+        texts = [tokenizer.decode([e]) for e in eos]
+        if eos & set(ids) or any(t and t in string for t in texts):
+            raise ValueError(f"bf_string={string!r} holds the end-of-sequence token; every forced row would end "
+                             "there, marked finished; give a forcing string without it")
 
 
 def _single_token_id(tokenizer, text: str) -> int | None:

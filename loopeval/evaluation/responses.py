@@ -18,6 +18,8 @@ import json
 import warnings
 from pathlib import Path
 
+from loopeval.common.schema import check_fields
+
 FORMAT = 1
 PREFIX = "loopeval_responses"
 
@@ -34,18 +36,30 @@ class ResponseStore:
     def __init__(self, folder: str | Path, *, rank: int = 0, world_size: int = 1):
         self.path = Path(folder) / (f"{PREFIX}_rank{rank}.jsonl" if world_size > 1 else f"{PREFIX}.jsonl")
         self.rows: dict[str, dict] = {}
+        if self.path.exists() and not self.path.is_file():
+            raise ValueError(f"resume_dir: {self.path} is not a file; give a resume folder of loopeval's own")
         if self.path.is_file():
             self._load()
 
     def _load(self) -> None:
-        lines = self.path.read_text(encoding="utf-8").split("\n")
+        from loopeval.evaluation.decoding import RowOutcome
+
+        try:
+            lines = self.path.read_text(encoding="utf-8").split("\n")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{self.path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-                self.rows[rec["key"]] = {"generated": list(rec["generated"]), "outcome": dict(rec["outcome"]),
-                                         "prompt_tokens": int(rec["prompt_tokens"])}
+                generated, outcome, prompt_tokens = rec["generated"], rec["outcome"], rec["prompt_tokens"]
+                if not (isinstance(generated, list) and all(type(t) is int for t in generated)):
+                    raise ValueError(f"field 'generated' is {generated!r:.60}, expected a list of token ids")
+                if not isinstance(outcome, dict) or type(prompt_tokens) is not int:
+                    raise ValueError("field 'outcome' must be a mapping and 'prompt_tokens' a whole number")
+                check_fields(RowOutcome, outcome)
+                self.rows[rec["key"]] = {"generated": generated, "outcome": outcome, "prompt_tokens": prompt_tokens}
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 if lineno >= len(lines) - 1:  # the last line, cut by a kill: that row is generated again
                     warnings.warn(f"{self.path}:{lineno}: ignoring a cut last line ({exc})", stacklevel=3)

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from loopeval.common.jsonl import read_jsonl
+from loopeval.common.schema import check_fields
 from loopeval.evaluation.settings import DecodingOptions
 
 FORMAT = 2
@@ -59,8 +60,11 @@ class DecodingSettings(DecodingOptions):
 
     dtype: str | None = None
     batch_size: str | None = None
-    chat_template_sha: str | None = None
+    chat_template_sha: str | None = None  # the chat template as applied (None: prompts were not templated)
     chat_template_args: dict = field(default_factory=dict)
+    seed: int | None = None  # torch's seed for the run (sampled tasks draw from it)
+    max_length: int | None = None  # the model's context length: longer prompts are cut
+    truncation: bool | None = None
 
     def __post_init__(self):
         if not self.budget_forcing:
@@ -80,7 +84,9 @@ class DecodingSettings(DecodingOptions):
 
     @classmethod
     def from_dict(cls, d: dict) -> DecodingSettings:
-        return cls(**{name: d[name] for name in SHARED if name in d})
+        if not isinstance(d, dict):
+            raise ValueError(f"decoding settings are {d!r}, not a mapping")
+        return cls(**check_fields(cls, {name: d[name] for name in SHARED if name in d}))
 
 
 SHARED: tuple[str, ...] = tuple(f.name for f in fields(DecodingSettings))
@@ -120,6 +126,7 @@ class TraceHeader:
             return cls._from_format_1(dict(rec["settings"]))
         if rec.get("format") != FORMAT:
             raise ValueError(f"unknown loopeval trace format {rec.get('format')!r} (this loopeval reads 1 and {FORMAT})")
+        check_fields(cls, rec)
         return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
                    decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
                    versions=dict(rec.get("versions") or {}), weights=rec.get("weights"),
@@ -206,7 +213,7 @@ def read_trace(path: str | Path) -> Trace:
                 raise ValueError("not a loopeval trace header")
             return Trace(path=path, created=float(rec["created"]), header=TraceHeader.from_record(rec))
         rec.pop("kind")
-        return TraceItem(**rec)
+        return TraceItem(**check_fields(TraceItem, rec))
 
     trace = None
     for lineno, value in read_jsonl(path, parse, what="loopeval trace"):

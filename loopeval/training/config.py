@@ -203,9 +203,9 @@ class TrainConfig:
         need(self.lr > 0 and math.isfinite(self.lr), f"lr must be > 0, got {self.lr}")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
         need(0 <= self.warmup <= self.steps, f"warmup must lie in [0, steps={self.steps}], got {self.warmup}")
-        need(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        need(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
         need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), f"betas must be two values in [0, 1), got {self.betas}")
-        need(self.grad_clip >= 0, f"grad_clip must be >= 0 (0: no clipping), got {self.grad_clip}")
+        need(math.isfinite(self.grad_clip) and self.grad_clip >= 0, f"grad_clip must be >= 0 (0: no clipping), got {self.grad_clip}")
         need(self.max_length >= 2, f"max_length must be >= 2, got {self.max_length}")
         need(self.dtype in DTYPES, f"dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
         need(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
@@ -213,7 +213,7 @@ class TrainConfig:
         need(self.save_every is None or self.recipe != "convert",
              "save_every: convert merges its adapters once, at the end; it writes no intermediate checkpoints")
         need(self.lora_rank >= 1, f"lora_rank must be >= 1, got {self.lora_rank}")
-        need(self.lora_alpha > 0, f"lora_alpha must be > 0, got {self.lora_alpha}")
+        need(self.lora_alpha > 0 and math.isfinite(self.lora_alpha), f"lora_alpha must be a finite number > 0, got {self.lora_alpha}")
         need(0.0 <= self.lora_dropout < 1.0, f"lora_dropout must lie in [0, 1), got {self.lora_dropout}")
         need(bool(self.lora_targets) and (isinstance(self.lora_targets, str) or all(
             isinstance(t, str) and t for t in self.lora_targets)),

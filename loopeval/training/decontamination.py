@@ -127,14 +127,19 @@ class NgramIndex:
         self.n = n
         self.vocab: dict[str, int] = {}  # word -> id >= 1; 0 breaks n-grams
         self.documents: dict[str, int] = {}  # task -> documents
+        self.short: dict[str, int] = {}  # task -> documents without a text of n words (no n-gram can match)
         digest = hashlib.sha256()
         parts, self._owners = [], []  # each text's ids and a 0; its (task, doc_id)
         for doc in documents:
             self.documents[doc.task] = self.documents.get(doc.task, 0) + 1
             digest.update(json.dumps([doc.task, doc.doc_id, doc.texts]).encode())
+            longest = 0
             for text in doc.texts:
                 parts.append(np.array([*(self.vocab.setdefault(w, len(self.vocab) + 1) for w in words(text)), 0], dtype=np.int64))
                 self._owners.append((doc.task, doc.doc_id))
+                longest = max(longest, len(parts[-1]) - 1)
+            if longest < n:
+                self.short[doc.task] = self.short.get(doc.task, 0) + 1
         self.sha256 = digest.hexdigest()
         self._ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         self._starts = np.cumsum([0] + [len(x) for x in parts[:-1]])
@@ -224,6 +229,10 @@ def decontaminate(data: str | Path, *, out: str | Path, against: Sequence[str] =
         raise ValueError(f"n {n!r}: must be an integer >= 1")
     against = list(against)
     index = NgramIndex(eval_documents(against, include_path=include_path), n=n)
+    for task, short in sorted(index.short.items()):
+        warnings.warn(f"decontaminate: task {task}: {short} of {index.documents[task]} test documents have no text of "
+                      f"{n} words, so no {n}-gram can find them and a verbatim copy of them stays in the data; "
+                      "lower n to check them", stacklevel=2)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     removed_path.parent.mkdir(parents=True, exist_ok=True)

@@ -71,9 +71,11 @@ def read_manifest(path: str | Path) -> dict:
     if not file.is_file():
         raise FileNotFoundError(f"{file}: no training manifest ({MANIFEST_NAME}); was this checkpoint made by loopeval train?")
     try:
-        manifest = json.loads(file.read_text())
+        manifest = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{file}: not valid JSON ({exc.msg})") from None
+        raise ValueError(f"{file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not isinstance(manifest, dict) or manifest.get("format") not in _READABLE:
         raise ValueError(f"{file}: not a {MANIFEST_FORMAT} training manifest")
     return manifest

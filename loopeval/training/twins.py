@@ -21,9 +21,19 @@ from loopeval.training.registry import RECIPE_OPERATORS, make_recipe
 from loopeval.training.runner import LOOPED, TWIN, TrainResult, check_first_step, train_one
 
 
+PREVIOUS_RUN = ("adapter", "checkpoint-*")
+"""What a previous training leaves in its folder beside the files every run rewrites; ``--overwrite`` removes it."""
+
+
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ValueError(f"output folder {out} exists and is not empty; choose another or pass overwrite=True (--overwrite)")
+    if overwrite and out.is_dir():
+        import shutil
+
+        for pattern in PREVIOUS_RUN:
+            for old in out.glob(pattern):
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
 
 def _resolve(base: str | Path, loop, recipe: str, options: dict) -> LoopConfig | None:

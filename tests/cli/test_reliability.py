@@ -66,6 +66,10 @@ TABLE = {
                                      r"base: no such local folder \(a hub id has the form org/name\)", 2),
     "check-cache-missing-model": (["check-cache", "--model", "ckpt/looped"],
                                   r"ckpt/looped: neither a local folder nor a hub model whose config can be read", 2),
+    "report-out-input": (lambda tmp: [*REPORT, "--out", str(next((RUNS / "twin").rglob("results_*.json")))],
+                         r"--out .*results_.*json would overwrite the input", 2),
+    "report-json-is-out": (lambda tmp: [*REPORT, "--out", str(tmp / "r.html"), "--json", str(tmp / "r.html")],
+                           r"--json .*r.html is also --out", 2),
     "power-bad-delta": (["power", str(RUNS / "twin"), str(RUNS / "looped"), "--delta", "2"], r"delta must be a fraction in \(-1, 1\), got 2.0 \(fractions, not points", 2),
 }
 

@@ -131,8 +131,39 @@ def test_a_study_runs_resumes_and_refuses_to_overwrite_other_settings(world, tmp
     changed = _study(world, tmp_path, lm_eval={"batch_size": 2, "device": "cpu"})
     with pytest.raises(ValueError, match=r"evaluation twin__plain__0.5x: .* was made with other settings "
                                          r"\(lm_eval.batch_size: 3 then, 2 now\)"):
-        run_study(changed, progress=False)
-    assert main(["protocol", str(changed)]) == 2
+        run_study(changed, progress=False, rerun=False)
+    assert main(["protocol", str(changed), "--no-rerun"]) == 2
+    with pytest.raises(ValueError, match=r"--report-only: 4 finished evaluation\(s\) were made with other settings"):
+        run_study(changed, progress=False, report_only=True)
+
+
+def test_a_checkpoint_retrained_in_place_is_evaluated_again(world, tmp_path, capsys):
+    """Issue 23 case 1: a study re-run after retraining the looped checkpoint into its folder
+    re-runs that checkpoint's evaluations (the old folders kept), and --no-rerun names the change."""
+    import shutil
+
+    from loopeval import apply_loop, save_model
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    looped = tmp_path / "looped"
+    shutil.copytree(world / "looped", looped)
+    models = [{"name": "twin", "role": "twin", "path": str(world / "twin")},
+              {"name": "looped", "role": "looped", "path": str(looped)}]
+    path = _study(world, tmp_path, models=models, budgets=[1])
+    run_study(path, progress=False)
+    tok = tiny_tokenizer()
+    save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tok), num_layers=4, seed=7), "1:3x2"), tok, looped)
+    with pytest.raises(ValueError, match=r"looped__plain__1x: .* other settings \(weights: "):
+        run_study(path, progress=False, rerun=False)
+    result = run_study(path, progress=False)
+    assert result.outcomes == {"twin__plain__1x": "skipped: done", "looped__plain__1x": "done"}
+    assert "re-running looped__plain__1x" in capsys.readouterr().err
+    assert len(list((tmp_path / "out" / "evals" / ".replaced").iterdir())) == 1
+    from loopeval.evaluation.trace import find_traces
+
+    (trace,) = find_traces(tmp_path / "out" / "evals" / "looped__plain__1x")
+    (old,) = find_traces(next((tmp_path / "out" / "evals" / ".replaced").iterdir()))
+    assert trace.header.weights != old.header.weights
 
 
 @pytest.mark.slow

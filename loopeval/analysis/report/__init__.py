@@ -52,6 +52,7 @@ def build_report(
     strict: bool = False,
     n_resamples: int = DEFAULTS.n_resamples,
     seed: int = 0,
+    intended_differences: tuple[str, ...] = (),
 ) -> ReportData:
     """Compute the two-test report from lm-eval output folders (or loaded runs).
 
@@ -69,7 +70,8 @@ def build_report(
     serving section (Table 10); with ``wall_clock``, Figure 2 puts the looped points at
     their measured latency instead of their layer-pass charge.
     Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
-    fairness check.
+    fairness check. ``intended_differences`` names identity parts the two sides may differ in
+    (:mod:`loopeval.evaluation.identity`: a setting, ``prompts``, ``generation_kwargs``, ``task_version``).
     """
     if cost not in COST_MODES:
         raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
@@ -113,7 +115,7 @@ def build_report(
         decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_costs=base_costs),
         figure=figure if scale is None else serving.on_wall_clock(figure, scale),
         wall_clock=scale,
-        checks=checks.fairness_checks(evals, groups),
+        checks=checks.fairness_checks(evals, groups, intended_differences),
         runs=[
             {"name": e.where.name, "path": str(e.where), "setting": evaluations.label(*e.key),
              "seed": e.seed, "accuracy": e.run.accuracy(), "cost": e.run.cost(mode=cost) / base_costs[cost]}

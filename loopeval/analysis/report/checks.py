@@ -2,7 +2,8 @@
 
 A failed check is shown first in the report, warned about, and an error under
 ``strict``. The checks: both sides decode with the same shared settings
-(:data:`loopeval.evaluation.trace.SHARED`), twins share their training manifest apart from the
+(:data:`loopeval.evaluation.trace.SHARED`) and the same rendered prompts, a setting's seeds are
+distinct models, twins share their training manifest apart from the
 loop, every item is covered, and cached looped decoding was checked.
 """
 
@@ -27,18 +28,39 @@ def _seed_order(evals: list[Evaluation]) -> list[Evaluation]:
     return sorted(evals, key=lambda e: (e.seed is None, e.seed or 0))
 
 
-def decoding_checks(groups: dict) -> list[Check]:
-    """Each looped evaluation against the twin of its variant at the same budget and rules, seed by seed."""
+def decoding_checks(groups: dict, intended=()) -> list[Check]:
+    """Each looped evaluation against the twin of its variant at the same budget and rules, seed by seed:
+    the same shared settings, generation kwargs and rendered prompts, item by item, but for the
+    ``intended`` differences (:func:`loopeval.evaluation.identity.differences`)."""
     out = []
     for (lp, cond, variant, scale), members in sorted(groups.items()):
         if not lp:
             continue
         twins = _seed_order(groups.get((False, cond, variant, scale), []))
         for a, b in zip(_seed_order(members), twins):
-            diffs = decoding_differences(a.run, b.run)
+            diffs = decoding_differences(a.run, b.run, intended=intended)
             seed = f"seed {a.seed}" if a.seed is not None else "one seed"
             out.append(Check(f"same decoding settings: {label(True, cond, variant, scale)} vs twin ({seed})",
-                             not diffs, "; ".join(diffs) or f"{', '.join(SHARED)} and generation kwargs match"))
+                             not diffs, "; ".join(diffs) or f"{', '.join(SHARED)}, generation kwargs and prompts match"))
+    return out
+
+
+def seed_checks(groups: dict) -> list[Check]:
+    """The seeds of one setting are distinct models (weights) or distinct draws (torch seed):
+    one checkpoint listed twice would count as two seeds agreeing."""
+    out = []
+    for (lp, cond, variant, scale), members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        seen, same = {}, []
+        for e in _seed_order(members):
+            key = (e.header.weights, e.header.decoding.seed)
+            if key[0] is not None and key in seen:
+                same.append(f"{seen[key].where.name} and {e.where.name}")
+            seen.setdefault(key, e)
+        out.append(Check(f"seeds are distinct: {label(lp, cond, variant, scale)}", not same,
+                         "; ".join(f"{pair} have one weights fingerprint and one seed" for pair in same)
+                         or f"{len(members)} seeds, each with its own weights or seed"))
     return out
 
 
@@ -82,6 +104,6 @@ def cache_checks(evals: list[Evaluation]) -> list[Check]:
                   "; ".join(bad) or "checked on the first batch of every looped evaluation")]
 
 
-def fairness_checks(evals: list[Evaluation], groups: dict) -> list[Check]:
+def fairness_checks(evals: list[Evaluation], groups: dict, intended=()) -> list[Check]:
     """Every check, in the order the report lists them."""
-    return decoding_checks(groups) + manifest_checks(evals) + coverage_checks(evals) + cache_checks(evals)
+    return decoding_checks(groups, intended) + seed_checks(groups) + manifest_checks(evals) + coverage_checks(evals) + cache_checks(evals)

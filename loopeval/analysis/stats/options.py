@@ -10,6 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from loopeval.common.args import as_float, as_int
+
+
+def as_fraction(name: str, value) -> float:
+    """A level or margin: a fraction in (0, 1), never points."""
+    number = as_float(name, value)
+    if not 0 < number < 1:
+        raise ValueError(f"{name}={value!r}: expected a fraction in (0, 1) (fractions, not points: 2 points is 0.02)")
+    return number
+
 
 COST_MODES = ("passes", "flops")
 """How a loop is charged. A.2: "We charge the loop its layer passes, (N+m)/N, which matches
@@ -23,13 +33,13 @@ SELECTIONS = ("fixed", "resampled")
 class StatOptions:
     """Options of the paired statistics and the two tests (fractions, not points)."""
 
-    n_resamples: int = field(default=10_000, metadata={
+    n_resamples: int = field(default=10_000, metadata={"parse": lambda n, v: as_int(n, v, minimum=1),
         "help": "bootstrap resamples (p-values below 1/n_resamples are reported at that floor)"})
     seed: int = field(default=0, metadata={"help": "seed of the resampling"})
-    confidence: float = field(default=0.95, metadata={"help": "two-sided confidence level of the intervals"})
-    alpha: float = field(default=0.05, metadata={
+    confidence: float = field(default=0.95, metadata={"parse": as_fraction, "help": "two-sided confidence level of the intervals"})
+    alpha: float = field(default=0.05, metadata={"parse": as_fraction,
         "help": "two-sided level of the tests; TOST uses the (1 - 2 alpha) interval, A.5's 90%"})
-    margin: float = field(default=0.02, metadata={
+    margin: float = field(default=0.02, metadata={"parse": as_fraction,
         "help": "equivalence margin as a fraction; A.5: 'a 90% interval within ±2 points' (0.02)"})
 
     cost: str = field(default="passes", metadata={

@@ -78,6 +78,10 @@ def power(pilot_a, pilot_b, *, alpha: float = DEFAULTS.alpha, power: float = 0.8
             raise ValueError(f"the pilot needs at least two items{where} to estimate a variance, got {len(x)}")
     n_pilot = sum(len(x) for x in table.values())
     var_macro = sum(np.var(x[:, 1] - x[:, 0], ddof=1) / len(x) for x in table.values()) / len(table) ** 2
+    if not var_macro > 0:
+        raise ValueError("the pilot cannot estimate the variance: its per-item differences b - a are all equal "
+                         f"(zero variance over {n_pilot} items), which would claim an MDE of 0; run a larger or "
+                         "more varied pilot")
     sd = math.sqrt(n_pilot * var_macro)
     z = float(norm.ppf(1 - alpha / 2) + norm.ppf(power))
     at = n_pilot if n is None else int(n)

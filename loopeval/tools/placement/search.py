@@ -76,7 +76,13 @@ def _check_resume(out: Path, settings: dict) -> list[PlacementRow]:
     """The rows already in ``out`` (none for a new folder); refuses a folder of another search."""
     file, rows = out / SETTINGS_NAME, []
     if file.exists():
-        stored = json.loads(file.read_text())
+        try:
+            stored = json.loads(file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{file}: not a readable search record ({exc}); give another --out") from None
+        if not isinstance(stored, dict):
+            raise ValueError(f"{file}: expected a mapping of search settings, got a {type(stored).__name__}; "
+                             "give another --out")
         differ = [k for k in settings if k != "data" and stored.get(k) != settings[k]]
         if differ:
             changes = "; ".join(f"{k}: {stored.get(k)!r} there, {settings[k]!r} now" for k in differ)

@@ -12,11 +12,13 @@ store, and rebuilds the report; ``--report-only`` rebuilds only the report.
 from __future__ import annotations
 
 import fnmatch
+from contextlib import nullcontext
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from loopeval.common.outputs import folder_lock
 from loopeval.tools.study.plan import Evaluation, check_before_compute, expand, expected_cost, status
 from loopeval.tools.study.spec import Study, load_study
 
@@ -39,9 +41,12 @@ class StudyResult:
 
 
 def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = None, report_only: bool = False,
-              workers: int = 1, devices: list[str] | None = None, progress: bool = True) -> StudyResult:
+              workers: int = 1, devices: list[str] | None = None, progress: bool = True,
+              rerun: bool = True) -> StudyResult:
     """Validate the study at ``path``, run what is not done yet (``only``: the evaluations
     whose names match a glob pattern), and write ``OUTPUT/report.html`` and ``report.json``.
+    A finished evaluation made with other settings or weights is run again (``rerun=False``:
+    refused, naming what changed).
     ``devices`` runs one worker per device; ``workers`` runs that many CPU workers."""
     from loopeval.tools.study.execute import run_parallel
 
@@ -52,23 +57,33 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
     chosen = [e for e in evaluations if only is None or fnmatch.fnmatch(e.name, only)]
     if not chosen:
         raise ValueError(f"--only {only!r} matches no evaluation; they are named like {evaluations[0].name}")
-    check_before_compute(study, evaluations)
-    todo = [e for e in chosen if status(e, study) == "todo"]
-    outcomes = {e.name: "skipped: done" for e in chosen if e not in todo}
-    if dry_run:
-        cost = expected_cost(study, chosen)
-        _print_plan(study, chosen, todo, cost)
-        return StudyResult(study, {**outcomes, **{e.name: "planned" for e in todo}}, None)
-    if todo and not report_only:
-        expected = expected_cost(study, todo) if len(devices or [None] * workers) > 1 else {}
-        outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
-                                     progress=progress))
-    missing = [e.name for e in evaluations if not e.folder.is_dir()]
-    if missing:
-        print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
-              f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
-        return StudyResult(study, outcomes, None)
-    return StudyResult(study, outcomes, write_study_report(study, evaluations))
+    with nullcontext() if dry_run else folder_lock(study.output, "protocol"):
+        check_before_compute(study, evaluations, rerun=rerun)
+        states = {e.name: status(e, study, rerun=rerun) for e in chosen}
+        stale = [f"{n} ({s.split(': ', 1)[1]})" for n, s in states.items() if s.startswith("stale")]
+        if stale and report_only:
+            raise ValueError(f"--report-only: {len(stale)} finished evaluation(s) were made with other settings or "
+                             f"weights, e.g. {stale[0]}; run without --report-only to redo them")
+        for name, state in states.items():
+            if state.startswith("stale") and not dry_run:
+                print(f"re-running {name}: its finished folder was made with other settings or weights "
+                      f"({state.split(': ', 1)[1]})", file=sys.stderr)
+        todo = [e for e in chosen if states[e.name] != "done"]
+        outcomes = {e.name: "skipped: done" for e in chosen if e not in todo}
+        if dry_run:
+            cost = expected_cost(study, chosen)
+            _print_plan(study, chosen, todo, cost)
+            return StudyResult(study, {**outcomes, **{e.name: "planned" for e in todo}}, None)
+        if todo and not report_only:
+            expected = expected_cost(study, todo) if len(devices or [None] * workers) > 1 else {}
+            outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
+                                         progress=progress))
+        missing = [e.name for e in evaluations if not e.folder.is_dir()]
+        if missing:
+            print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
+                  f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
+            return StudyResult(study, outcomes, None)
+        return StudyResult(study, outcomes, write_study_report(study, evaluations))
 
 
 def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
@@ -88,7 +103,7 @@ def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
         cost=options.cost, selection=options.selection, alpha=options.alpha, margin=options.margin,
         n_resamples=options.n_resamples, seed=options.seed,
         title=report.get("title") or f"{study.name}: does the loop pay for its compute?",
-        strict=report.get("strict", False),
+        strict=report.get("strict", False), intended_differences=study.intended_differences,
     )
     path = write_report(data, study.output / "report.html", latex_tables=report.get("latex", False))
     (study.output / "report.json").write_text(data.to_json())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -48,6 +49,7 @@ def run_lm_eval(model_args: dict, tasks: list[str], output: Path, *, task_manage
     tracker = EvaluationTracker(output_path=str(output))
     options = {k: lm_eval[k] for k in ("batch_size", "device", "num_fewshot", "system_instruction",
                                        "fewshot_as_multiturn", "gen_kwargs") if lm_eval.get(k) is not None}
+    options.setdefault("device", default_device())
     with stderr_to(log):
         results = simple_evaluate(
             model="looped", model_args=model_args, tasks=list(tasks), task_manager=task_manager,
@@ -61,6 +63,14 @@ def run_lm_eval(model_args: dict, tasks: list[str], output: Path, *, task_manage
     return output
 
 
+def default_device() -> str:
+    """The device of a study without ``device:``: CUDA where this machine has it, else the CPU
+    (lm-eval's own default, CUDA, fails every evaluation on a CPU-only machine)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run_one(evaluation: Evaluation, study: Study, manager=None) -> Path:
     """Run one evaluation into its partial folder, record its settings, then rename it into
     place: a folder under ``evals/`` is always complete."""
@@ -72,6 +82,10 @@ def run_one(evaluation: Evaluation, study: Study, manager=None) -> Path:
     run_lm_eval(evaluation.model_args(study), list(study.tasks), evaluation.partial, task_manager=manager,
                 lm_eval=study.lm_eval, log=evaluation.log)
     record(evaluation, study)
+    if evaluation.folder.exists():  # a stale result: kept, not overwritten
+        replaced = evaluation.folder.parent / ".replaced" / f"{evaluation.name}.{time.strftime('%Y%m%dT%H%M%S')}"
+        replaced.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(evaluation.folder, replaced)
     os.replace(evaluation.partial, evaluation.folder)
     return evaluation.folder
 
@@ -133,6 +147,19 @@ def run_parallel(evaluations: list[Evaluation], study: Study, *, devices: list[s
     return _pool(evaluations, study, devices, expected, total)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_on_sigterm():
+    """SIGTERM (a scheduler's kill) stops the workers as Ctrl-C does, instead of orphaning them."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _interrupt)
+
+
 def _pool(evaluations, study, devices, expected, total) -> dict[str, str]:
     import multiprocessing as mp
     import queue
@@ -156,6 +183,7 @@ def _pool(evaluations, study, devices, expected, total) -> dict[str, str]:
     by_name = {e.name: e for e in evaluations}
     for w in workers:
         w.start()
+    previous = _stop_on_sigterm()
     try:
         while len(outcome) < len(evaluations):
             if not any(w.is_alive() for w in workers) and events.empty():
@@ -186,6 +214,8 @@ def _pool(evaluations, study, devices, expected, total) -> dict[str, str]:
             w.terminate()
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         for w in workers:
             w.join(timeout=5)
         for line in lines:

@@ -48,10 +48,14 @@ class Evaluation:
         return args
 
     def settings(self, study: Study) -> dict:
-        """What the outputs depend on: reusing a finished folder needs every one equal."""
+        """What the outputs depend on: reusing a finished folder needs every one equal, the
+        checkpoint's content (:func:`loopeval.evaluation.identity.checkpoint_fingerprint`) included."""
+        from loopeval.evaluation.identity import checkpoint_fingerprint
+
         args = {k: v for k, v in self.model_args(study).items() if k not in ("trace", "resume_dir")}
         shared = {k: v for k, v in study.lm_eval.items() if k not in ("model_args", "dtype")}
-        return {"model_args": args, "tasks": list(study.tasks), "lm_eval": shared}
+        return {"model_args": args, "tasks": list(study.tasks), "lm_eval": shared,
+                "weights": checkpoint_fingerprint(self.model.path)}
 
 
 def expand(study: Study) -> list[Evaluation]:
@@ -68,19 +72,26 @@ def expand(study: Study) -> list[Evaluation]:
     return out
 
 
-def status(evaluation: Evaluation, study: Study) -> str:
-    """"done" (a finished folder with these settings) or "todo". A finished folder made
-    with other settings is refused, naming the evaluation and the first setting that differs."""
+def status(evaluation: Evaluation, study: Study, *, rerun: bool = True) -> str:
+    """"done" (a finished folder with these settings and weights), "todo", or "stale: WHAT
+    CHANGED" (a finished folder made with other settings or other weights, e.g. a checkpoint
+    retrained in place: it is run again, and the old folder kept under ``evals/.replaced``).
+    With ``rerun=False`` a stale folder is refused, naming the evaluation and what changed."""
     spec = evaluation.folder / SPEC_NAME
     if not spec.is_file():
         return "todo"
-    recorded = json.loads(spec.read_text())
-    wanted = json.loads(json.dumps(evaluation.settings(study)))
+    try:
+        recorded = json.loads(spec.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{spec}: not a readable settings record ({exc}); delete {evaluation.folder} to redo it") from None
+    wanted = json.loads(json.dumps(evaluation.settings(study), default=str))
     if recorded != wanted:
         diff = _first_difference(recorded, wanted)
+        if rerun:
+            return f"stale: {diff}"
         raise ValueError(
             f"evaluation {evaluation.name}: {evaluation.folder} was made with other settings ({diff}); "
-            "change the study's output folder, or delete that folder to redo it"
+            "run without --no-rerun to redo it (the old folder is kept), or change the study's output folder"
         )
     return "done"
 
@@ -93,7 +104,7 @@ def _first_difference(a, b, where: str = "") -> str:
     return f"{where}: {a!r} then, {b!r} now"
 
 
-def check_before_compute(study: Study, evaluations: list[Evaluation]) -> None:
+def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: bool = True) -> None:
     """Everything that can be known before any weights load: the tasks exist, each model's
     loop fits its config, twins and looped models get the same per-model args (unless the
     study names the difference in ``intended_differences``), twins share their training
@@ -102,6 +113,8 @@ def check_before_compute(study: Study, evaluations: list[Evaluation]) -> None:
     from loopeval.training.manifest import find_manifest, twin_mismatches
 
     _check_tasks(study)
+    _check_device(study)
+    _check_reserves(study)
     for i, m in enumerate(study.models):
         try:
             loop = resolve_loop(m.path, m.loop, **m.loop_options)
@@ -129,7 +142,44 @@ def check_before_compute(study: Study, evaluations: list[Evaluation]) -> None:
                 raise ValueError(f"{study.path}: {m.name} and {twin.name} are not twins: {'; '.join(mismatches)} "
                                  "(allow_manifest_mismatch: true to evaluate them anyway)")
     for e in evaluations:
-        status(e, study)
+        status(e, study, rerun=rerun)
+
+
+def _check_device(study: Study) -> None:
+    device = str(study.lm_eval.get("device") or "")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{study.path}: lm_eval.device: {device}, but this machine has no CUDA device "
+                             "(use device: cpu, or leave it out to use CUDA only where present)")
+        index = device.partition(":")[2]
+        if index.isdigit() and int(index) >= torch.cuda.device_count():
+            raise ValueError(f"{study.path}: lm_eval.device: {device}, but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+
+
+def _check_reserves(study: Study) -> None:
+    """Every forcing reserve fits every budget it meets (the forcing string's length is checked
+    again, exactly, by the model before generating)."""
+    from loopeval.evaluation.decoding import DEFAULT_RESERVE, effective_reserve, scaled_budget
+
+    forcing = [d for d in study.decoding if str(d.args.get("budget_forcing", "false")).lower() in ("true", "1", "yes", "on")]
+    if not forcing:
+        return
+    from lm_eval.tasks import get_task_dict
+
+    budgets = {name: int(task.config.generation_kwargs.get("max_gen_toks", 256))
+               for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items()
+               if task.OUTPUT_TYPE == "generate_until"}
+    for d in forcing:
+        for scale in study.budgets:
+            for task, tokens in budgets.items():
+                try:
+                    effective_reserve(int(d.args.get("bf_reserve", DEFAULT_RESERVE)), budget=scaled_budget(tokens, scale),
+                                      scale=scale, rule=str(d.args.get("bf_reserve_rule", "scaled")))
+                except ValueError as exc:
+                    raise ValueError(f"{study.path}: decoding {d.name!r} at budget {scale:g}x on task {task}: {exc}") from None
 
 
 def task_manager(study: Study):

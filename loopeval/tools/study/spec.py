@@ -102,7 +102,12 @@ def load_study(path: str | Path) -> Study:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such study file")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+    except yaml.MarkedYAMLError as exc:
+        line = f":{exc.problem_mark.line + 1}" if exc.problem_mark is not None else ""
+        raise ValueError(f"{path}{line}: not valid YAML ({exc.problem or exc.context})") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
     w = _Where(path)
@@ -143,6 +148,8 @@ def load_study(path: str | Path) -> Study:
             model_args=dict(w.mapping(m.get("model_args") or {}, f"{key}.model_args", _ANY)),
         ))
     _check_names(w, "models", [m.name for m in models])
+    for i, m in enumerate(models):
+        _check_folder_name(w, f"models[{i}].name", m.name)
     _check_pairs(w, models)
 
     tasks = raw["tasks"]
@@ -163,7 +170,23 @@ def load_study(path: str | Path) -> Study:
     _check_names(w, "budgets", [f"{b:g}" for b in budgets])
 
     decoding = _decoding(w, raw.get("decoding") or [{"name": "plain"}])
+    for i, d in enumerate(decoding):
+        _check_folder_name(w, f"decoding[{i}].name", d.name)
     lm_eval = dict(w.mapping(raw.get("lm_eval") or {}, "lm_eval", LM_EVAL_KEYS))
+    shared_loop = sorted(k for k in w.mapping(lm_eval.get("model_args") or {}, "lm_eval.model_args", _ANY)
+                         if k == "loop" or k.startswith("loop_") or k == "exit_after")
+    if shared_loop:
+        raise w.error(f"lm_eval.model_args.{shared_loop[0]}", "a shared loop setting would loop the twin too; "
+                      "give the loop in the looped model's entry (base: and loop:)")
+    for key in ("apply_chat_template", "fewshot_as_multiturn"):
+        if key in lm_eval:
+            lm_eval[key] = w.typed(f"lm_eval.{key}", as_bool, lm_eval[key])
+    if lm_eval.get("num_fewshot") is not None:
+        lm_eval["num_fewshot"] = w.typed("lm_eval.num_fewshot", as_int, lm_eval["num_fewshot"], minimum=0)
+    if lm_eval.get("batch_size") is not None:
+        size = lm_eval["batch_size"]
+        if not (isinstance(size, str) and size.startswith("auto")):
+            lm_eval["batch_size"] = w.typed("lm_eval.batch_size", as_int, size, minimum=1)
     report = dict(w.mapping(raw.get("report") or {}, "report", REPORT_KEYS))
     for flag in ("strict", "latex"):
         if flag in report:
@@ -176,8 +199,11 @@ def load_study(path: str | Path) -> Study:
     intended = raw.get("intended_differences") or []
     if not isinstance(intended, list):
         raise w.error("intended_differences", "expected a list of setting names")
+    output = (here / str(raw["output"])).resolve()
+    if output.exists() and not output.is_dir():
+        raise w.error("output", f"{output} is a file; give a folder for the study's evaluations and report")
     return Study(
-        path=path, name=str(raw.get("name") or path.stem), output=(here / str(raw["output"])).resolve(),
+        path=path, name=str(raw.get("name") or path.stem), output=output,
         models=tuple(models), tasks=tuple(tasks), include_path=tuple(include), budgets=tuple(budgets),
         decoding=decoding, lm_eval=lm_eval, default_scale=default_scale, report=report,
         stat_options=StatOptions(**{f.name: w.typed(f"statistics.{f.name}", lambda n, v, f=f: as_field(f, n, v),
@@ -185,6 +211,25 @@ def load_study(path: str | Path) -> Study:
         intended_differences=tuple(str(x) for x in intended),
         allow_manifest_mismatch=w.typed("allow_manifest_mismatch", as_bool, raw.get("allow_manifest_mismatch", False)),
     )
+
+
+def _unique_key_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last silently)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
 
 
 class _Anything(tuple):
@@ -201,6 +246,13 @@ def _check_names(w: _Where, key: str, names: list[str]) -> None:
         if name in seen:
             raise w.error(f"{key}[{i}]", f"duplicate {name!r}")
         seen.add(name)
+
+
+def _check_folder_name(w: _Where, key: str, name: str) -> None:
+    """Names become folder names (``MODEL__DECODING__SCALEx``): no separators, no "..", no "__"."""
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0") or "__" in name:
+        raise w.error(key, f"{name!r} cannot name a folder: use letters, digits, '-', '_' or '.', without '/', "
+                           "a leading '.', or '__' (which separates the parts of an evaluation's name)")
 
 
 def _check_pairs(w: _Where, models: list[ModelSpec]) -> None:
