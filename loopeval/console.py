@@ -30,19 +30,20 @@ def comparison(result, runs: Mapping, costs: Mapping[str, float] | None, cost_mo
     lines = [
         runs_header(runs),
         f"paired bootstrap over items, {result.n_resamples} resamples, seed {result.bootstrap_seed}; "
-        f"{level} intervals{family}; decided by {result.test}; equivalent: 90% interval inside "
-        f"±{points(result.margin)} points",
+        f"{level} intervals{family}; decided by {result.test}; equivalent: {points(1 - 2 * result.alpha, digits=0)}% "
+        f"interval inside ±{points(result.margin)} points (bootstrap; Tango's score interval where the "
+        "bootstrap is unreliable, see 'small samples')",
     ]
     if costs:
         lines.append(f"cost ({cost_mode}, generative tasks): candidate / baseline = "
                      f"{costs['candidate'] / costs['baseline']:.3f}")
     header = ("task", "metric", "n", "baseline", "candidate", "delta", f"{level} CI", "p", "Holm p", "McNemar p",
-              "outcome")
+              "TOST interval", "outcome")
     rows = [
         (name, runs["baseline"].tasks[c.task].metric if c.task else "", str(c.n),
          points(c.baseline_accuracy), points(c.candidate_accuracy), points(c.delta, signed=True),
          f"[{points(c.ci.low, signed=True)}, {points(c.ci.high, signed=True)}]", pvalue(c.pvalue),
-         pvalue(c.pvalue_holm), pvalue(c.mcnemar_pvalue), c.outcome)
+         pvalue(c.pvalue_holm), pvalue(c.mcnemar_pvalue), _tost_interval(c), c.outcome)
         for name, c in [*result.tasks.items(), ("macro", result.macro)]
     ]
     lines += ["", table(header, rows, text_columns=2)]
@@ -52,6 +53,14 @@ def comparison(result, runs: Mapping, costs: Mapping[str, float] | None, cost_mo
     if notes:
         lines += ["", "small samples:", *(f"  {n}" for n in notes)]
     return "\n".join(lines)
+
+
+def _tost_interval(c) -> str:
+    """The equivalence interval and the method behind it (``none``: no valid interval)."""
+    if c.equivalence_method == "none":
+        return "none valid"
+    return (f"[{points(c.equivalence_ci.low, signed=True)}, {points(c.equivalence_ci.high, signed=True)}] "
+            f"{c.equivalence_method}")
 
 
 def power_table(rows: Mapping, runs: Mapping, *, alpha: float, power: float, n: int | None,
