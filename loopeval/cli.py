@@ -95,14 +95,28 @@ def _add_compare(sub) -> None:
     p.add_argument("--cluster-field", metavar="FIELD", help="resample clusters of items sharing this doc field")
     p.add_argument("--n-resamples", type=int, default=10_000, help="bootstrap resamples (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    _add_reading_options(p)
     p.set_defaults(func=_compare)
+
+
+def _add_reading_options(p) -> None:
+    """How runs are read: a pilot's subset, and verdicts from cut responses (compare, report, score-audit)."""
+    p.add_argument("--allow-subset", action="store_true",
+                   help="a pilot: accept runs cut by lm_eval --limit; every table and the verdict say 'pilot: n of "
+                   "N items' and no final verdict is stated")
+    p.add_argument("--unfinished-fallback", choices=["credit", "wrong"], default="credit",
+                   help="a right GSM8K number-fallback verdict from a response that did not finish (cut at its "
+                   "budget, from the trace): credit it (the paper's rule, default) or score it wrong")
 
 
 def _load_two(args, **options):
     from loopeval.runs import load_run, pair_runs
+    from loopeval.score_audit import read_runs
 
-    runs = {role: load_run(path, metric=args.metric, tasks=args.tasks, **options)
+    subset = getattr(args, "allow_subset", False)
+    runs = {role: load_run(path, metric=args.metric, tasks=args.tasks, allow_subset=subset, **options)
             for role, path in (("baseline", args.baseline), ("candidate", args.candidate))}
+    runs = read_runs(runs, getattr(args, "unfinished_fallback", "credit"))
     return runs, pair_runs(runs)
 
 
@@ -125,21 +139,47 @@ def _compare(args) -> int:
     except ValueError as exc:
         costs = None
         print(f"note: no cost ratio ({exc})", file=sys.stderr)
+    fallback = fallback_notes(runs, args.unfinished_fallback)
     if args.json:
         print(json.dumps({
             "tasks": {t: c.as_dict() for t, c in result.tasks.items()},
             "macro": result.macro.as_dict(),
             "runs": {role: str(run.path) for role, run in runs.items()},
+            "labels": {role: run.label for role, run in runs.items()},
             "costs": costs,
+            "c": _nominal_ratio(runs),
             "cost_mode": args.cost,
+            "pilot": result.pilot,
+            "unfinished_fallback": args.unfinished_fallback,
+            "fallback_notes": fallback,
             "test": result.test,
             "confidence": result.confidence,
             "n_resamples": result.n_resamples,
             "seed": result.bootstrap_seed,
         }, indent=2))
         return 0
-    print(console.comparison(result, runs, costs, args.cost))
+    print(console.comparison(result, runs, costs, args.cost, notes=fallback))
     return 0
+
+
+def _nominal_ratio(runs) -> float | None:
+    headers = [run.header for run in runs.values()]
+    return None if None in headers else headers[1].multiplier / headers[0].multiplier
+
+
+def fallback_notes(runs, unfinished_fallback: str) -> list[str]:
+    """One line per run and task whose right verdicts rest on the number fallback of a response
+    that did not finish (the looped model's trace says which)."""
+    from loopeval.score_audit import score_audit
+
+    lines = []
+    for role, run in runs.items():
+        for task, t in score_audit(run).tasks.items():
+            if t.unfinished_fallback_right:
+                how = "scored wrong" if unfinished_fallback == "wrong" else "credited (--unfinished-fallback wrong to not)"
+                lines.append(f"{role} {task}: {t.unfinished_fallback_right} right verdicts rest on the last number of "
+                             f"a response cut at its budget ({t.unfinished_fallback} such fallbacks); {how}")
+    return lines
 
 
 def _add_power(sub) -> None:

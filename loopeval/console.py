@@ -20,11 +20,28 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, text_columns:
 
 
 def runs_header(runs: Mapping) -> str:
-    return "\n".join(f"{role:<9}  {run.path}  ({run.name})" for role, run in runs.items())
+    return "\n".join(f"{role:<9}  {run.label}  {run.path}" for role, run in runs.items())
 
 
-def comparison(result, runs: Mapping, costs: Mapping[str, float] | None, cost_mode: str) -> str:
-    """The ``loopeval compare`` table of a :class:`loopeval.protocol.RunComparison`."""
+def cost_lines(runs: Mapping, costs: Mapping[str, float] | None, cost_mode: str) -> list[str]:
+    """Both costs of candidate against baseline, each named, and which one ΔFLOP charges."""
+    headers = [run.header for run in runs.values()]
+    lines = []
+    if all(h is not None for h in headers):
+        c = headers[1].multiplier / headers[0].multiplier
+        lines.append(f"c (nominal cost: layer passes per token, candidate / baseline) = {c:.3f}")
+    if costs:
+        what = "layer passes x generated tokens" if cost_mode == "passes" else "traced FLOPs"
+        lines.append(f"realised cost ({what}, generative tasks, candidate / baseline) = "
+                     f"{costs['candidate'] / costs['baseline']:.3f}; ΔFLOP charges this one (A.2: \"We charge the "
+                     "loop its layer passes\", per generated token)")
+    return lines
+
+
+def comparison(result, runs: Mapping, costs: Mapping[str, float] | None, cost_mode: str, *,
+               notes: Sequence[str] = ()) -> str:
+    """The ``loopeval compare`` table of a :class:`loopeval.protocol.RunComparison`; ``notes``
+    (e.g. verdicts resting on unfinished responses) follow the table."""
     level = f"{100 * result.confidence:.6g}%"
     family = f" (Bonferroni over {result.family[0]})" if result.family else ""
     lines = [
@@ -34,9 +51,9 @@ def comparison(result, runs: Mapping, costs: Mapping[str, float] | None, cost_mo
         f"interval inside ±{points(result.margin)} points (bootstrap; Tango's score interval where the "
         "bootstrap is unreliable, see 'small samples')",
     ]
-    if costs:
-        lines.append(f"cost ({cost_mode}, generative tasks): candidate / baseline = "
-                     f"{costs['candidate'] / costs['baseline']:.3f}")
+    lines += cost_lines(runs, costs, cost_mode)
+    if result.pilot:
+        lines.insert(0, f"{result.pilot}; outcomes below are a pilot's, not a final verdict")
     header = ("task", "metric", "n", "baseline", "candidate", "delta", f"{level} CI", "p", "Holm p", "McNemar p",
               "TOST interval", "outcome")
     rows = [
@@ -49,6 +66,8 @@ def comparison(result, runs: Mapping, costs: Mapping[str, float] | None, cost_mo
     lines += ["", table(header, rows, text_columns=2)]
     if result.seeds:
         lines.append(f"\nseed runs favouring the candidate: {result.seeds}")
+    if notes:
+        lines += ["", *notes]
     notes = [f"{name}: {w}" for name, c in [*result.tasks.items(), ("macro", result.macro)] for w in c.warnings]
     if notes:
         lines += ["", "small samples:", *(f"  {n}" for n in notes)]

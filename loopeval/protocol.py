@@ -135,6 +135,7 @@ class RunComparison:
     alpha: float
     n_resamples: int
     bootstrap_seed: int
+    pilot: str | None = None  # "pilot: n of N items" when a run is a --limit subset
 
 
 def _outcome(delta: float, pvalue: float, equivalent: bool, alpha: float) -> str:
@@ -195,6 +196,7 @@ def compare(paired: PairedRuns, baseline: str, candidate: str, *, resampler: Res
         alpha=alpha,
         n_resamples=rs.n_resamples,
         bootstrap_seed=rs.seed,
+        pilot=paired.pilot,
     )
 
 
@@ -523,7 +525,8 @@ class Verdict:
     """Which of the two tests the loop passes, and one sentence per test.
 
     ``flop`` is ``None`` when ΔFLOP is not meaningful (the loop does not beat its twin)
-    or was not evaluated; ``passes_flop`` likewise.
+    or was not evaluated; ``passes_flop`` likewise. ``pilot`` ("pilot: n of N items") marks
+    a verdict from a subset of the items: its sentences say so and ``final`` is false.
     """
 
     param: str
@@ -531,10 +534,23 @@ class Verdict:
     passes_param: bool
     passes_flop: bool | None
     sentences: tuple[str, str]
+    pilot: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """Whether this is a final verdict (not a pilot's)."""
+        return self.pilot is None
 
     @property
     def text(self) -> str:
         return " ".join(self.sentences)
+
+
+def _as_pilot(v: Verdict, pilot: str | None) -> Verdict:
+    if pilot is None:
+        return v
+    lead = f"{pilot[0].upper()}{pilot[1:]}, not a final verdict. "
+    return replace(v, pilot=pilot, sentences=(lead + v.sentences[0], v.sentences[1]))
 
 
 def _p(p: float) -> str:
@@ -562,6 +578,11 @@ def _equivalence_words(c: Comparison, margin: float, alpha: float) -> str:
 
 
 def verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> Verdict:
+    """See :func:`_verdict`; a pilot's verdict says it is one (``Verdict.pilot``)."""
+    return _as_pilot(_verdict(param, flop), param.pilot)
+
+
+def _verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> Verdict:
     """The paper's order of the tests (§4.3): "The second question matters only if the
     answer to the first is yes." ΔFLOP counts only when the loop beats its twin
     (Δparam "better"), and it passes when the loop beats the best cheaper unlooped

@@ -7,7 +7,9 @@ aligns several runs item by item (``doc_id``, checked by ``doc_hash`` and
 
 Every evaluation must cover all of its items: a run cut by ``--limit``, a samples file
 missing items, a corrupt samples line or runs of different items are refused with a
-``ValueError`` that names the task, the file or the counts.
+``ValueError`` that names the task, the file or the counts. A pilot is the explicit
+exception: ``load_run(..., allow_subset=True)`` accepts a ``--limit`` run, and
+:func:`pilot_label` then says "pilot: n of N items" wherever its results are shown.
 """
 
 from __future__ import annotations
@@ -121,6 +123,25 @@ class Run:
     @property
     def model_args(self):
         return self.config.get("model_args")
+
+    @property
+    def label(self) -> str:
+        """The model's name plus its loop, from the trace header: ``SmolLM2-135M (loop 6:8x2
+        repeat)`` or ``SmolLM2-135M (unlooped)``; lm-eval's model name without a trace."""
+        h = self.header
+        if h is None:
+            return self.name
+        args = str(self.model_args or "")
+        gguf = next((a.split("=", 1)[1] for a in args.split(",") if a.startswith("gguf_file=")), None)
+        model = Path(gguf).stem if gguf else Path(str(h.model or self.name).rstrip("/")).name
+        if not h.looped:
+            return f"{model} (unlooped)"
+        loop = h.loop
+        operator = loop.get("operator", "")
+        if operator == "damped":
+            operator += f" beta={loop.get('beta')}"
+        exit_after = f", exit after {h.exit_after}" if h.exit_after else ""
+        return f"{model} (loop {loop.get('loop')} {operator}{exit_after})".replace("  ", " ")
 
     @property
     def header(self) -> TraceHeader | None:
@@ -320,15 +341,15 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None) ->
 
 
 def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict],
-               cluster_field: str | None) -> TaskScores:
+               cluster_field: str | None, allow_subset: bool = False) -> TaskScores:
     counts = results.get("n-samples", {}).get(task)
     if counts is None:
         raise ValueError(f"{results_file}: task {task} has no n-samples entry")
     original, effective = int(counts["original"]), int(counts["effective"])
-    if effective < original:
+    if effective < original and not allow_subset:
         raise ValueError(
             f"{results_file}: task {task}: the run was cut by --limit ({effective} of {original} items); "
-            "every evaluation must cover all of its items"
+            "every evaluation must cover all of its items (a pilot: --allow-subset)"
         )
     key = _metric_key(task, results["results"].get(task, {}), metric)
     samples_path = results_file.with_name(f"samples_{task}_{_stamp(results_file)}.jsonl")
@@ -337,11 +358,11 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
             f"task {task}: no samples file {samples_path.name} beside {results_file}; run lm_eval with --log_samples"
         )
     items = _read_samples(samples_path, key)
-    if len(items) != original:
+    if len(items) != effective:
         present = set(items)
-        missing = sorted(set(range(original)) - present)[:5]
+        missing = sorted(set(range(effective)) - present)[:5]
         raise ValueError(
-            f"task {task}: {samples_path} has {len(items)} of {original} items"
+            f"task {task}: {samples_path} has {len(items)} of {effective} items"
             + (f" (missing doc_id {', '.join(map(str, missing))}...)" if missing else "")
             + "; every evaluation must cover all of its items"
         )
@@ -376,7 +397,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
 
 
 def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
-             tasks: Sequence[str] | None = None, cluster_field: str | None = None) -> Run:
+             tasks: Sequence[str] | None = None, cluster_field: str | None = None, allow_subset: bool = False) -> Run:
     """Load an lm-eval run: a results file, a model folder or an ``--output_path`` folder.
 
     A folder gives its latest results file. ``metric`` overrides each task's main metric
@@ -386,7 +407,8 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     are read from the model folder and its parent; of those created while the run was
     evaluating, the newest holding an item's (task, doc_id, prompt_hash) supplies its records.
     ``cluster_field`` names a doc field whose value clusters items (e.g. the source problem
-    of items that share one) for the cluster bootstrap.
+    of items that share one) for the cluster bootstrap. ``allow_subset`` accepts a run cut by
+    ``--limit`` (a pilot; :func:`pilot_label`).
     """
     results_file = _results_file(Path(path))
     results = _read_json(results_file)
@@ -403,7 +425,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     per_task = {}
     for task in selected:
         wanted = metric.get(task) if isinstance(metric, Mapping) else metric
-        per_task[task] = _load_task(task, results, results_file, wanted, traces, cluster_field)
+        per_task[task] = _load_task(task, results, results_file, wanted, traces, cluster_field, allow_subset)
     keys = [(s.task, d, h) for s in per_task.values() for d, h in zip(s.doc_ids.tolist(), s.prompt_hashes)]
     used = dict(traces[0][k][:2] for k in keys if k in traces[0])  # trace order -> header
     members = {g: tuple(_expand([g], groups, leaves, results_file)) for g in groups}
@@ -416,6 +438,18 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
         trace_headers=tuple(used[order] for order in sorted(used)),
         trace_error=trace_error,
     )
+
+
+def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str | None:
+    """``"pilot: n of N items"`` when any of the runs covers fewer items of its tasks than
+    they hold (a ``--limit`` run, accepted with ``allow_subset``), else ``None``."""
+    counts = [(ts.n, ts.n_original) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
+    if all(n == total for n, total in counts):
+        return None
+    first = runs[0]
+    n = sum(ts.n for t, ts in first.tasks.items() if tasks is None or t in tasks)
+    total = sum(ts.n_original for t, ts in first.tasks.items() if tasks is None or t in tasks)
+    return f"pilot: {n} of {total} items"
 
 
 @dataclass(frozen=True, eq=False)
@@ -433,6 +467,11 @@ class PairedRuns:
         """Shared bootstrap resamples for every comparison among these runs (seeds averaged per
         item; clusters resampled whole where the runs were loaded with ``cluster_field``)."""
         return Resampler(self.scores, n_resamples=n_resamples, seed=seed, clusters=self.clusters or None)
+
+    @property
+    def pilot(self) -> str | None:
+        """``"pilot: n of N items"`` when a run is a subset (:func:`pilot_label`), else ``None``."""
+        return pilot_label([r for rs in self.runs.values() for r in rs], self.tasks)
 
     def accuracy(self, system: str, task: str | None = None) -> float:
         """Seed-averaged accuracy on one task, or the macro over tasks for ``None``."""
