@@ -45,15 +45,18 @@ def _add_score_audit(sub) -> None:
     p.add_argument("run", help="the lm-eval run")
     p.add_argument("--tasks", nargs="+", metavar="T", help="leaf tasks or groups to audit (default: all)")
     p.add_argument("--json", action="store_true", help="print one JSON object (fractions, not points)")
+    _add_reading_options(p)
     p.set_defaults(func=_score_audit)
 
 
 def _score_audit(args) -> int:
     import json
 
+    from loopeval.runs import load_run
     from loopeval.score_audit import score_audit
 
-    audit = score_audit(args.run, tasks=args.tasks)
+    run = load_run(args.run, tasks=args.tasks, allow_subset=args.allow_subset)
+    audit = score_audit(run, unfinished_fallback=args.unfinished_fallback)
     print(json.dumps(audit.as_dict(), indent=2) if args.json else audit.to_text())
     return 0
 

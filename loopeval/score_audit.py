@@ -28,7 +28,7 @@ import numpy as np
 from loopeval import scoring
 from loopeval.fallback import UNFINISHED_FALLBACK, response_finished, scoring_options
 from loopeval.jsonl import read_jsonl
-from loopeval.runs import Run, load_run
+from loopeval.runs import Run, load_run, pilot_label
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class ScoreAudit:
     tasks: Mapping[str, TaskAudit]
     skipped: Mapping[str, str]
     unfinished_fallback: str = "credit"
+    pilot: str | None = None  # "pilot: n of N items" for a --limit run
 
     def as_dict(self) -> dict:
         """Plain JSON-ready data (fractions, not points)."""
@@ -84,6 +85,7 @@ class ScoreAudit:
             "path": str(self.path),
             "flags": dict(scoring.FLAGS),
             "unfinished_fallback": self.unfinished_fallback,
+            "pilot": self.pilot,
             "tasks": {
                 name: {
                     **{k: getattr(t, k) for k in ("n_items", "n_responses", "accuracy", "recorded_accuracy",
@@ -110,7 +112,7 @@ class ScoreAudit:
                  str(t.unfinished_fallback) + ("?" if t.untraced else ""), str(t.unfinished_fallback_right),
                  *(str(t.counts[f]) for f in scoring.FLAGS)) for t in self.tasks.values()]
         widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-        lines = [f"score audit of {self.path}", ""]
+        lines = [f"score audit of {self.path}" + (f" ({self.pilot})" if self.pilot else ""), ""]
         lines += ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))).rstrip()
                   for r in (header, *rows)]
         lines += ["", "acc: rescored now, in points; acc (run): as the run recorded it; changed: items whose "
@@ -154,7 +156,8 @@ def score_audit(run: str | Path | Run, *, tasks: Sequence[str] | None = None,
             records = {} if scores.trace is None else dict(zip(scores.doc_ids.tolist(), scores.trace))
             audited[name] = _audit_task(name, scores.samples_path, scores.metric.split(",", 1)[1], records,
                                         wrong=unfinished_fallback == "wrong", **options)
-    return ScoreAudit(path=loaded.path, tasks=audited, skipped=skipped, unfinished_fallback=unfinished_fallback)
+    return ScoreAudit(path=loaded.path, tasks=audited, skipped=skipped, unfinished_fallback=unfinished_fallback,
+                      pilot=pilot_label([loaded]))
 
 
 def _audit_task(task: str, samples: Path, filter_name: str, records: Mapping[int, tuple], *, wrong: bool,

@@ -117,6 +117,10 @@ NUMBERS = [
          "two dot groups cannot be a decimal", options=FALLBACK, flags=NUMBER),
     Case("fallback: apostrophe groups", "It costs 1'080'000 francs.", "1080000", True, options=FALLBACK, flags=NUMBER),
     Case("fallback: groups then a full stop", "In total: 2,500.", "2500", True, options=FALLBACK, flags=NUMBER),
+    # Issue 24, real SmolLM2-135M output cut at its token budget: the paper's rule credits the
+    # list index; score-audit marks the verdict as resting on an unfinished response.
+    Case("fallback: truncated list index", "...\n5. Add the distances.\n6. Now, calculate the total distance", "6",
+         True, "the last number is the index of an unfinished list", options=FALLBACK, flags=NUMBER),
     # Ambiguous forms: read as written (separate numbers) and flagged, never guessed.
     Case("fallback: one space group", "The answer is 1 000.", "1000", False,
          "1 000 or the numbers 1 and 000? flagged, read as written", options=FALLBACK,
