@@ -571,6 +571,7 @@ def _add_report(sub) -> None:
     p.add_argument("--n-resamples", type=int, default=10_000)
     p.add_argument("--bootstrap-seed", type=int, default=0)
     p.add_argument("--strict", action="store_true", help="fail instead of warning when a fairness check fails")
+    _add_reading_options(p)
     p.set_defaults(func=_report)
 
 
@@ -613,6 +614,7 @@ def _report(args) -> int:
         selection=args.selection, training_pairs=[tuple(pair) for pair in args.training],
         serve_cost=args.serve_cost, wall_clock=args.wall_clock, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.bootstrap_seed,
+        allow_subset=args.allow_subset, unfinished_fallback=args.unfinished_fallback,
     )
     path = write_report(data, out, template=args.template, latex_tables=args.latex)
     if args.json:

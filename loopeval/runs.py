@@ -55,6 +55,7 @@ class TaskScores:
     samples_path: Path
     trace: tuple[tuple[TraceItem, ...], ...] | None
     clusters: tuple | None = None  # per-item cluster ids (load_run's cluster_field)
+    answered: np.ndarray | None = None  # per item, share of responses with a scored answer (boxed-answer tasks)
     foreign_traces: Mapping[tuple, str] = None  # keys of traces written outside this run -> why
 
     @property
@@ -89,7 +90,9 @@ class TaskScores:
 
     @property
     def finished(self) -> np.ndarray:
-        """Per item, whether every generation of it finished within its budget (from the trace)."""
+        """Per item, whether every generation of it finished within its budget: ended by
+        end-of-sequence or a stop string (from the trace). Not whether it gave an answer
+        (:attr:`answered`)."""
         return np.array([all(r.finished for r in recs) for recs in self._traced()])
 
     @property
@@ -281,10 +284,11 @@ def _read_samples(path: Path, metric: str) -> dict[int, dict]:
     def parse(lineno: int, rec: dict):
         if rec["filter"] != filt:
             return None
-        return int(rec["doc_id"]), (rec["doc_hash"], rec["target_hash"], rec["prompt_hash"]), rec[name], rec.get("doc")
+        return (int(rec["doc_id"]), (rec["doc_hash"], rec["target_hash"], rec["prompt_hash"]), rec[name],
+                rec.get("doc"), _answered(rec))
 
     items: dict[int, dict] = {}
-    for lineno, (doc_id, hashes, value, doc) in read_jsonl(path, parse, what="lm-eval samples"):
+    for lineno, (doc_id, hashes, value, doc, answered) in read_jsonl(path, parse, what="lm-eval samples"):
         number = _number(value, path, lineno, name)
         if doc_id in items:
             first = items[doc_id]
@@ -292,8 +296,17 @@ def _read_samples(path: Path, metric: str) -> dict[int, dict]:
                 raise ValueError(f"{path}:{lineno}: doc_id {doc_id} is recorded twice with different "
                                  f"{'hashes' if first['hashes'] != hashes else 'scores'} (first on line {first['line']})")
             continue  # an identical duplicate record adds nothing
-        items[doc_id] = {"value": number, "hashes": hashes, "line": lineno, "doc": doc}
+        items[doc_id] = {"value": number, "hashes": hashes, "line": lineno, "doc": doc, "answered": answered}
     return items
+
+
+def _answered(rec: dict) -> float | None:
+    """The share of an item's responses that gave a scored answer (loopeval's boxed-answer
+    tasks record the extracted answer, ``None`` for none); ``None`` for other tasks."""
+    if "extracted" not in rec:
+        return None
+    answers = rec["extracted"] if isinstance(rec["extracted"], list) else [rec["extracted"]]
+    return sum(a is not None for a in answers) / len(answers) if answers else 0.0
 
 
 def _run_window(results: dict, results_file: Path) -> tuple[float, float] | None:
@@ -393,6 +406,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         trace=joined if any(joined) else None,
         clusters=clusters,
         foreign_traces=foreign,
+        answered=None if any(r["answered"] is None for r in recs) else np.array([r["answered"] for r in recs]),
     )
 
 
