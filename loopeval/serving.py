@@ -578,9 +578,8 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     meter = _Meter(device, pad, vocab, prompt_tokens, options, seed)
     costs = []
     for _, model, _ in loaded:
-        itemsize = next(model.parameters()).element_size()
         config = loop_config(model)
-        costs.append(loop_cost(model, config.spec if config else None, bytes_per_element=itemsize))
+        costs.append(loop_cost(model, config.spec if config else None))
 
     from tqdm.auto import tqdm
 
