@@ -88,7 +88,7 @@ def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
         selection=stats.get("selection", "fixed"), alpha=stats.get("alpha", 0.05), margin=stats.get("margin", 0.02),
         title=report.get("title") or f"{study.name}: does the loop pay for its compute?",
         strict=bool(report.get("strict", False)), n_resamples=int(stats.get("n_resamples", 10_000)),
-        seed=int(stats.get("seed", 0)),
+        seed=int(stats.get("seed", 0)), allow_subset=study.pilot,
     )
     path = write_report(data, study.output / "report.html", latex_tables=bool(report.get("latex", False)))
     (study.output / "report.json").write_text(data.to_json())

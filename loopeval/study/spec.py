@@ -14,10 +14,10 @@ from loopeval.args import as_bool, as_float, as_int
 
 ROLES = ("twin", "looped", "larger")
 STUDY_KEYS = ("name", "output", "models", "tasks", "include_path", "budgets", "decoding", "lm_eval", "statistics",
-              "report", "intended_differences", "allow_manifest_mismatch")
+              "report", "intended_differences", "allow_manifest_mismatch", "pilot")
 MODEL_KEYS = ("name", "path", "base", "loop", "operator", "beta", "mix", "role", "seed", "variant", "model_args")
 LM_EVAL_KEYS = ("batch_size", "dtype", "device", "apply_chat_template", "num_fewshot", "system_instruction",
-                "fewshot_as_multiturn", "gen_kwargs", "model_args")
+                "fewshot_as_multiturn", "gen_kwargs", "model_args", "limit")
 STATISTICS_KEYS = ("n_resamples", "seed", "cost", "selection", "alpha", "margin", "default_scale")
 REPORT_KEYS = ("title", "sizes", "strict", "latex")
 
@@ -63,6 +63,7 @@ class Study:
     report: dict
     intended_differences: tuple[str, ...]
     allow_manifest_mismatch: bool
+    pilot: bool = False  # lm_eval.limit runs, reported as "pilot: n of N items" with no final verdict
 
 
 class _Where:
@@ -162,6 +163,12 @@ def load_study(path: str | Path) -> Study:
 
     decoding = _decoding(w, raw.get("decoding") or [{"name": "plain"}])
     lm_eval = dict(w.mapping(raw.get("lm_eval") or {}, "lm_eval", LM_EVAL_KEYS))
+    pilot = w.typed("pilot", as_bool, raw.get("pilot", False))
+    if "limit" in lm_eval:
+        if not pilot:
+            raise w.error("lm_eval.limit", "a run of a subset of the items is a pilot; set pilot: true")
+        limit = w.typed("lm_eval.limit", as_float, lm_eval["limit"], positive=True)
+        lm_eval["limit"] = int(limit) if limit >= 1 and limit == int(limit) else limit
     report = dict(w.mapping(raw.get("report") or {}, "report", REPORT_KEYS))
     if "sizes" in report:
         sizes = report["sizes"]
@@ -177,6 +184,7 @@ def load_study(path: str | Path) -> Study:
         decoding=decoding, lm_eval=lm_eval, statistics={**statistics, "default_scale": default_scale}, report=report,
         intended_differences=tuple(str(x) for x in intended),
         allow_manifest_mismatch=w.typed("allow_manifest_mismatch", as_bool, raw.get("allow_manifest_mismatch", False)),
+        pilot=pilot,
     )
 
 
