@@ -11,11 +11,13 @@ where ``q(Δ)`` is the maximum-likelihood estimate of the probability of "only t
 baseline right" under the constraint that the difference is ``Δ`` (a quadratic's root,
 Tango's eq. 4): the interval is ``{Δ : |Z(Δ)| < z}``. It stays valid at small ``n``
 and with few or no discordant items, where the paired bootstrap collapses to a point
-(no discordant item: every resample has difference 0). Unlike Newcombe's hybrid
-interval (1998, method 10), which uses the concordant split through its φ correction
-and shrinks to a point when ``b = c = 0`` and the two concordant cells are equal, it
-depends on ``b``, ``c`` and ``n`` alone and has width about ``2 z² / (n + z²)`` at
-``b = c = 0``. At ``Δ = 0`` the statistic is McNemar's ``(b − c) / sqrt(b + c)``.
+(no discordant item: every resample has difference 0); at ``b = c = 0`` its half-width
+is ``z² / (n + z²)``. It depends on ``b``, ``c`` and ``n`` alone. Newcombe's hybrid
+interval (1998, method 10) also depends on how the concordant items split between
+both-right and both-wrong, which says nothing about the difference: at 24 items and no
+discordant item its 90% half-width is 6.5 points with 12 of each and 11.3 with 1 and 23.
+At ``Δ = 0`` Tango's statistic is McNemar's ``(b − c) / sqrt(b + c)``, the test the
+protocol already uses for 0/1 comparisons.
 
 The equivalence test (Tango's §3) is two one-sided score tests at ``±margin``;
 equivalence at level ``alpha`` is the same as the ``1 − 2 alpha`` interval lying inside
