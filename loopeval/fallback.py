@@ -21,6 +21,13 @@ UNFINISHED_FALLBACK = ("credit", "wrong")
 """How a right verdict from the number fallback on an unfinished response counts: ``credit``
 (the paper's rule, default) or ``wrong``."""
 
+
+def check_option(unfinished_fallback: str) -> str:
+    """``unfinished_fallback`` if it is one of :data:`UNFINISHED_FALLBACK`, else ``ValueError``."""
+    if unfinished_fallback not in UNFINISHED_FALLBACK:
+        raise ValueError(f"unfinished_fallback {unfinished_fallback!r}: choose one of {', '.join(UNFINISHED_FALLBACK)}")
+    return unfinished_fallback
+
 # loopeval's process_results hooks call _results(doc, results, number_fallback=..., thinking=...).
 _OPTION = re.compile(r"\b(number_fallback|thinking)\s*=\s*(True|False)\b")
 

@@ -134,8 +134,11 @@ class Run:
         h = self.header
         if h is None:
             return self.name
-        args = str(self.model_args or "")
-        gguf = next((a.split("=", 1)[1] for a in args.split(",") if a.startswith("gguf_file=")), None)
+        args = self.model_args
+        if isinstance(args, Mapping):
+            gguf = args.get("gguf_file")
+        else:
+            gguf = next((a.split("=", 1)[1] for a in str(args or "").split(",") if a.startswith("gguf_file=")), None)
         model = Path(gguf).stem if gguf else Path(str(h.model or self.name).rstrip("/")).name
         if not h.looped:
             return f"{model} (unlooped)"

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from loopeval import scoring
-from loopeval.fallback import UNFINISHED_FALLBACK, response_finished, scoring_options
+from loopeval.fallback import check_option, response_finished, scoring_options
 from loopeval.jsonl import read_jsonl
 from loopeval.runs import Run, load_run, pilot_label
 
@@ -140,8 +140,7 @@ def score_audit(run: str | Path | Run, *, tasks: Sequence[str] | None = None,
     folder written with ``--log_samples``); ``tasks`` selects leaf tasks or groups (default: all).
     ``unfinished_fallback`` (:data:`loopeval.fallback.UNFINISHED_FALLBACK`): ``"wrong"``
     rescores number-fallback verdicts from unfinished responses as wrong."""
-    if unfinished_fallback not in UNFINISHED_FALLBACK:
-        raise ValueError(f"unfinished_fallback {unfinished_fallback!r}: choose one of {', '.join(UNFINISHED_FALLBACK)}")
+    check_option(unfinished_fallback)
     loaded = run if isinstance(run, Run) else load_run(run, tasks=tasks)
     configs = json.loads(loaded.path.read_text(encoding="utf-8"))["configs"]
     audited, skipped = {}, {}
@@ -234,8 +233,7 @@ def unfinished_fallback_wrong(run: Run) -> Run:
 
 def read_runs(runs: Mapping[str, Run], unfinished_fallback: str) -> dict[str, Run]:
     """The runs as ``--unfinished-fallback`` reads them (:data:`loopeval.fallback.UNFINISHED_FALLBACK`)."""
-    if unfinished_fallback not in UNFINISHED_FALLBACK:
-        raise ValueError(f"unfinished_fallback {unfinished_fallback!r}: choose one of {', '.join(UNFINISHED_FALLBACK)}")
+    check_option(unfinished_fallback)
     if unfinished_fallback == "credit":
         return dict(runs)
     return {name: unfinished_fallback_wrong(r) for name, r in runs.items()}

@@ -264,14 +264,11 @@ class ServeCost:
                  f"tokens, {s.get('cache')} cache{', compiled' if s.get('compile') else ''}, {s.get('repeats')} "
                  f"repeats (medians); batch sizes {s.get('batch_sizes')}", "", table(header, rows, text_columns=2)]
         for i, m in enumerate(self.models[1:], 1):
-            r, spread = self.ratios(i), self.ratio_spreads(i)
-
-            def shown(name: str) -> str:
-                x = spread[name]
-                return f"{name} x{r[name]:.3f} [per repeat {x.low:.3f}, {x.high:.3f}]"
-
+            r = self.ratios(i)
+            shown = {name: f"{name} x{r[name]:.3f} [per repeat {x.low:.3f}, {x.high:.3f}]"
+                     for name, x in self.ratio_spreads(i).items()}
             lines += ["", f"{m.name} / {self.baseline.name}:  c = {r['multiplier']:.3f}  FLOPs x{r['flop_multiplier']:.3f}",
-                      f"  {shown('latency')}   {shown('throughput')}   {shown('prefill')}",
+                      f"  {shown['latency']}   {shown['throughput']}   {shown['prefill']}",
                       f"  memory x{r['memory']:.3f}   KV/token x{r['kv_bytes_per_token']:.3f}"]
             lines += [f"  {c.note}" for c in self.checks(i) if c.note]
         return "\n".join(lines)

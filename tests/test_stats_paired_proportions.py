@@ -9,7 +9,12 @@ import pytest
 from scipy.optimize import minimize_scalar
 from scipy.stats import norm
 
-from loopeval.stats.paired_proportions import _bounds, paired_proportions, paired_tost, tango_statistic
+from loopeval.stats.paired_proportions import (
+    _bounds,
+    paired_proportions,
+    paired_tost,
+    tango_statistic,
+)
 
 
 def table(both: int, only_baseline: int, only_candidate: int, neither: int):
@@ -107,7 +112,7 @@ def test_equivalence_test_size_exact():
     # about alpha (exact over all tables of 60 items).
     n, margin, alpha = 60, 0.15, 0.05
     rows = _tables(n, norm.ppf(1 - alpha))
-    inside = lambda ci: -margin < ci.low and ci.high < margin  # noqa: E731
+    inside = lambda ci: -margin < ci.low and ci.high < margin
     for p12, p21 in ((0.25, 0.10), (0.15, 0.0), (0.05, 0.20)):
         assert _probability(rows, n, p12, p21, inside) < alpha + 0.01
 

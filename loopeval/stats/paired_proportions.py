@@ -108,7 +108,7 @@ def _bounds(b: int, c: int, n: int, z: float) -> ConfidenceInterval:
     edge = 1.0 - 1e-12
 
     def solve(target: float, lo: float, hi: float, outer: float) -> float:
-        f = lambda d: tango_statistic(b, c, n, d) - target  # noqa: E731
+        f = lambda d: tango_statistic(b, c, n, d) - target
         if f(outer) * f(estimate) > 0:  # no crossing before the edge of [-1, 1]
             return math.copysign(1.0, outer)
         return float(brentq(f, lo, hi, xtol=1e-12))
