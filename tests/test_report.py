@@ -470,6 +470,18 @@ def test_a_training_free_report_needs_no_manifest_and_opens_with_the_verdict(tmp
     assert page.index('id="verdict"') < page.index('id="failed-checks"') < page.index('id="table-param"')
 
 
+def test_a_pilots_tables_say_so(runs):
+    from loopeval.report.latex import tables
+
+    with pytest.warns(UserWarning, match="no training_manifest.json"):
+        data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), n_resamples=200)
+    data.pilot = "pilot: 10 of 60 items"  # as build_report sets it from --limit runs (--allow-subset)
+    tex = tables(data)
+    assert tex.count(r"\caption{Pilot: 10 of 60 items, not final. ") == tex.count(r"\caption{") == 4
+    page = render(data)
+    assert page.count("(pilot: 10 of 60 items)") >= 6 and 'id="pilot"' in page
+
+
 def test_a_missing_default_budget_names_the_flag(runs):
     with pytest.raises(ValueError, match=r"no unlooped run at the default budget 2× \(unlooped runs are at 0.5×, 1×\); "
                                          r"name the default budget with --default-scale"):
