@@ -24,13 +24,15 @@ import inspect
 import json
 import os
 import platform
+import sys
+import warnings
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 import torch
 from lm_eval.models.huggingface import HFLM
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList
 
 import loopeval
 from loopeval.common.args import as_bool, as_field, as_int, as_text
@@ -173,6 +175,37 @@ def _opens_thinking(context: str) -> bool:
     return context.rfind(THINK_OPEN) > context.rfind(THINK_CLOSE)
 
 
+TOKEN_PROGRESS_FROM = 64
+"""A batch generating at least this many tokens shows a progress bar over its tokens (lm-eval's
+own bar only counts finished requests, so one long batch would sit at 0 for minutes)."""
+
+
+class _TokenProgress(LogitsProcessor):
+    """Counts generated tokens on a bar; the scores pass through unchanged."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    def __call__(self, input_ids, scores):
+        self.bar.update()
+        return scores
+
+
+def pilot_warning(argv: list[str]) -> str | None:
+    """The warning for an ``lm_eval ... --limit N`` command line, else ``None``."""
+    for i, arg in enumerate(argv):
+        if arg in ("--limit", "-L") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--limit="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        return (f"looped: lm_eval --limit {value} evaluates a subset of each task, so this run is a pilot: loopeval "
+                "compare, report and score-audit read it only with --allow-subset, label it 'pilot: n of N items' "
+                "and state no final verdict")
+    return None
+
+
 class LoopedLM(HFLM):
     """``HFLM`` with a loop, decoding rules and a per-item trace (see the module docstring)."""
 
@@ -181,6 +214,8 @@ class LoopedLM(HFLM):
         if unknown:
             raise ValueError(f"looped: unknown model arg(s) {', '.join(unknown)}; valid: {', '.join(_valid_args())}")
         args = LoopedArgs.parse(kwargs)
+        if (pilot := pilot_warning(sys.argv)) is not None:  # before the weights load: the compute is not spent yet
+            warnings.warn(pilot, stacklevel=2)
         generation_options(args.cache_implementation, args.compile)  # refuses compile without the static cache
         if args.compile:
             check_compile_backend(kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -395,10 +430,22 @@ class LoopedLM(HFLM):
             stops=list(plan.until),
             eos_token_ids=[e for e in eos if e is not None],
         )
-        if rules.active:
-            generation_kwargs["logits_processor"] = LogitsProcessorList([rules])
+        processors = [rules] if rules.active else []
+        max_new = max_length - context.shape[1]
+        bar = None
+        if max_new >= TOKEN_PROGRESS_FROM and self.rank == 0:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=max_new, desc=f"batch of {context.shape[0]}", unit="token", leave=False)
+            processors.append(_TokenProgress(bar))
+        if processors:
+            generation_kwargs["logits_processor"] = LogitsProcessorList(processors)
         generation_kwargs.update(self.generation_options)
-        sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        try:
+            sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        finally:
+            if bar is not None:
+                bar.close()
         return sequences, rules.outcomes(sequences)
 
     def _generation_eos(self) -> list[int]:

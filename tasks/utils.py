@@ -68,7 +68,7 @@ def _results(doc: dict, results: list, *, number_fallback: bool, thinking: bool)
     answers = [g.answer for g in grades]
     return {
         "acc": sum(g.correct for g in grades) / len(grades),
-        "finished": sum(g.boxed for g in grades) / len(grades),
+        "boxed": sum(g.boxed for g in grades) / len(grades),
         "extracted": answers[0] if len(answers) == 1 else answers,
         "scoring_failures": sum(g.failure is not None for g in grades),
     }

@@ -38,6 +38,7 @@ from loopeval.analysis.stats import (
     family_level,
     holm,
     mcnemar,
+    paired_tost,
     seed_summary,
 )
 from loopeval.analysis.stats.display import points, pvalue as show_p
@@ -48,6 +49,9 @@ RunLike = Run | Sequence[Run]
 TESTS = ("auto", "bootstrap", "mcnemar")
 SMALL_N = 100  # items
 SMALL_DISCORDANT = 30  # items on which the two sides disagree (0/1 scores)
+"""Below either count the paired bootstrap is not trusted: its p is flagged and its TOST
+interval is replaced by Tango's score interval (0/1 scores), or equivalence is not claimed."""
+EQUIVALENCE_METHODS = ("bootstrap", "tango", "tango-bonferroni", "none")
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class Comparison:
     pvalue_holm: float | None
     outcome: str
     warnings: tuple[str, ...]
+    equivalence_method: str = "bootstrap"
 
     def as_dict(self) -> dict:
         """The JSON row of ``loopeval compare --json``."""
@@ -96,6 +101,8 @@ class Comparison:
             "decided_by": self.decided_by,
             "outcome": self.outcome,
             "equivalent": self.equivalent,
+            "equivalence_ci": list(self.equivalence_ci),
+            "equivalence_method": self.equivalence_method,
             "warnings": list(self.warnings),
         }
 
@@ -129,6 +136,7 @@ class RunComparison:
     alpha: float
     n_resamples: int
     bootstrap_seed: int
+    pilot: str | None = None  # "pilot: n of N items" when a run is a --limit subset
 
 
 def _outcome(delta: float, pvalue: float, equivalent: bool, alpha: float) -> str:
@@ -166,6 +174,8 @@ def compare(paired: PairedRuns, baseline: str, candidate: str, *, resampler: Res
         raise ValueError(f"test='mcnemar' needs 0/1 scores from one run per side; {', '.join(odd)} has not")
     rows = {t: _row(rs, baseline, candidate, t, confidence, family, margin, alpha, binary[t]) for t in paired.tasks}
     macro = _row(rs, baseline, candidate, None, confidence, family, margin, alpha, False)
+    macro = _macro_equivalence(rs, baseline, candidate, macro, rows, margin, alpha)
+    macro = replace(macro, outcome=_outcome(macro.delta, macro.pvalue, macro.equivalent, alpha))
     deciding = [r.mcnemar_pvalue if test == "mcnemar" else r.pvalue for r in rows.values()]
     adjusted = dict(zip(rows, holm(deciding)))
     rows = {t: _decide(r, test, float(adjusted[t]), alpha) for t, r in rows.items()}
@@ -187,13 +197,13 @@ def compare(paired: PairedRuns, baseline: str, candidate: str, *, resampler: Res
         alpha=alpha,
         n_resamples=rs.n_resamples,
         bootstrap_seed=rs.seed,
+        pilot=paired.pilot,
     )
 
 
 def _row(rs: Resampler, baseline: str, candidate: str, task: str | None, confidence: float,
          family: tuple[int, str] | None, margin: float, alpha: float, binary: bool) -> Comparison:
     boot = rs.paired_bootstrap(baseline, candidate, benchmark=task, confidence=confidence, family=family)
-    eq = rs.tost(baseline, candidate, benchmark=task, margin=margin, alpha=alpha)
     mc = mcnemar(rs.scores(baseline, task), rs.scores(candidate, task)) if binary else None
     discordant = mc.only_baseline + mc.only_candidate if mc else None
     warnings = []
@@ -202,14 +212,63 @@ def _row(rs: Resampler, baseline: str, candidate: str, task: str | None, confide
     if discordant is not None and discordant < SMALL_DISCORDANT:
         warnings.append(f"only {discordant} discordant items: trust the exact McNemar p ({show_p(mc.pvalue)}) "
                         f"over the bootstrap p ({show_p(boot.pvalue)})")
+    equivalent, eq_ci, eq_p, method = _equivalence(rs, baseline, candidate, task, margin, alpha, binary, discordant)
+    if method == "none" and task is not None:
+        warnings.append("too few items for the bootstrap and no 0/1 scores for Tango's interval: "
+                        "equivalence is not claimed")
     return Comparison(
         task=task, baseline=baseline, candidate=candidate, n=boot.n,
         baseline_accuracy=boot.baseline, candidate_accuracy=boot.candidate, delta=boot.delta,
         ci=boot.ci, confidence=boot.confidence, pvalue=boot.pvalue, mcnemar_pvalue=mc.pvalue if mc else None,
-        discordant=discordant, equivalent=eq.equivalent, equivalence_ci=eq.ci, equivalence_pvalue=eq.pvalue,
+        discordant=discordant, equivalent=equivalent, equivalence_ci=eq_ci, equivalence_pvalue=eq_p,
         decided_by="bootstrap", pvalue_decisive=boot.pvalue, pvalue_holm=None,
-        outcome=_outcome(boot.delta, boot.pvalue, eq.equivalent, alpha), warnings=tuple(warnings),
+        outcome=_outcome(boot.delta, boot.pvalue, equivalent, alpha), warnings=tuple(warnings),
+        equivalence_method=method,
     )
+
+
+def bootstrap_reliable(n: int, discordant: int | None) -> bool:
+    """Whether the paired bootstrap is trusted: at least :data:`SMALL_N` items and, for 0/1
+    scores, at least :data:`SMALL_DISCORDANT` discordant items."""
+    return n >= SMALL_N and (discordant is None or discordant >= SMALL_DISCORDANT)
+
+
+def _equivalence(rs: Resampler, baseline: str, candidate: str, task: str | None, margin: float, alpha: float,
+                 binary: bool, discordant: int | None) -> tuple[bool, ConfidenceInterval, float, str]:
+    """TOST within ±margin: the bootstrap's where it is reliable, Tango's score interval for
+    0/1 items (without clusters) where it is not, else no claim. A zero-width interval is
+    never evidence of equivalence."""
+    if bootstrap_reliable(rs.n(task), discordant):
+        eq = rs.tost(baseline, candidate, benchmark=task, margin=margin, alpha=alpha)
+        return eq.equivalent and eq.ci.high > eq.ci.low, eq.ci, eq.pvalue, "bootstrap"
+    if binary and rs.n_clusters(task) == rs.n(task):
+        eq = paired_tost(rs.scores(baseline, task), rs.scores(candidate, task), margin=margin, alpha=alpha)
+        return eq.equivalent, eq.ci, eq.pvalue, "tango"
+    eq = rs.tost(baseline, candidate, benchmark=task, margin=margin, alpha=alpha)
+    return False, eq.ci, 1.0, "none"
+
+
+def _macro_equivalence(rs: Resampler, baseline: str, candidate: str, macro: Comparison,
+                       rows: Mapping[str, Comparison], margin: float, alpha: float) -> Comparison:
+    """The macro's equivalence when a task's bootstrap is unreliable: with one task, that
+    task's; with several 0/1 tasks (no clusters), the mean of their Tango intervals at the
+    Bonferroni level ``1 − 2 alpha / k``, which covers the macro difference at ``1 − 2 alpha``
+    because the k intervals hold together (no p-value: ``nan``); otherwise no claim."""
+    if all(r.equivalence_method == "bootstrap" for r in rows.values()):
+        return macro
+    if len(rows) == 1:
+        (row,) = rows.values()
+        return replace(macro, equivalent=row.equivalent, equivalence_ci=row.equivalence_ci,
+                       equivalence_pvalue=row.equivalence_pvalue, equivalence_method=row.equivalence_method)
+    if all(r.discordant is not None and rs.n_clusters(t) == rs.n(t) for t, r in rows.items()):
+        parts = [paired_tost(rs.scores(baseline, t), rs.scores(candidate, t), margin=margin,
+                             alpha=alpha / len(rows)).ci for t in rows]
+        ci = ConfidenceInterval(float(np.mean([c.low for c in parts])), float(np.mean([c.high for c in parts])))
+        return replace(macro, equivalent=bool(-margin < ci.low and ci.high < margin), equivalence_ci=ci,
+                       equivalence_pvalue=float("nan"), equivalence_method="tango-bonferroni")
+    return replace(macro, equivalent=False, equivalence_pvalue=1.0, equivalence_method="none",
+                   warnings=(*macro.warnings, "a task's bootstrap is unreliable and its scores are not 0/1: "
+                             "the macro's equivalence is not claimed"))
 
 
 def _decide(row: Comparison, test: str, holm_p: float, alpha: float) -> Comparison:
@@ -467,7 +526,8 @@ class Verdict:
     """Which of the two tests the loop passes, and one sentence per test.
 
     ``flop`` is ``None`` when ΔFLOP is not meaningful (the loop does not beat its twin)
-    or was not evaluated; ``passes_flop`` likewise.
+    or was not evaluated; ``passes_flop`` likewise. ``pilot`` ("pilot: n of N items") marks
+    a verdict from a subset of the items: its sentences say so and ``final`` is false.
     """
 
     param: str
@@ -475,10 +535,23 @@ class Verdict:
     passes_param: bool
     passes_flop: bool | None
     sentences: tuple[str, str]
+    pilot: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """Whether this is a final verdict (not a pilot's)."""
+        return self.pilot is None
 
     @property
     def text(self) -> str:
         return " ".join(self.sentences)
+
+
+def _as_pilot(v: Verdict, pilot: str | None) -> Verdict:
+    if pilot is None:
+        return v
+    lead = f"{pilot[0].upper()}{pilot[1:]}, not a final verdict. "
+    return replace(v, pilot=pilot, sentences=(lead + v.sentences[0], v.sentences[1]))
 
 
 def _p(p: float) -> str:
@@ -490,7 +563,27 @@ def _interval(c: Comparison) -> str:
     return f"[{points(c.ci.low, signed=True)}, {points(c.ci.high, signed=True)}]"
 
 
+_INTERVAL_NAMES = {"bootstrap": "bootstrap", "tango": "Tango score", "tango-bonferroni": "Tango score, Bonferroni over tasks"}
+
+
+def _equivalence_words(c: Comparison, margin: float, alpha: float) -> str:
+    """Why the comparison is or is not equivalent, naming the interval that decided."""
+    level = f"{points(1 - 2 * alpha, digits=0)}%"
+    bounds = f"[{points(c.equivalence_ci.low, signed=True)}, {points(c.equivalence_ci.high, signed=True)}]"
+    if c.equivalence_method == "none":
+        return "too few items for a valid equivalence interval, so not shown equivalent"
+    where = f"{level} {_INTERVAL_NAMES[c.equivalence_method]} interval {bounds}"
+    if c.equivalent:
+        return f"equivalent within ±{points(margin)} points: {where}"
+    return f"not shown equivalent: the {where} is not within ±{points(margin)} points"
+
+
 def verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> Verdict:
+    """See :func:`_verdict`; a pilot's verdict says it is one (``Verdict.pilot``)."""
+    return _as_pilot(_verdict(param, flop), param.pilot)
+
+
+def _verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> Verdict:
     """The paper's order of the tests (§4.3): "The second question matters only if the
     answer to the first is yes." ΔFLOP counts only when the loop beats its twin
     (Δparam "better"), and it passes when the loop beats the best cheaper unlooped
@@ -504,9 +597,8 @@ def verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> Ve
     elif m.outcome == "worse":
         first = f"Equal parameters: the loop is worse than its twin by {points(-m.delta)} points {_interval(m)}, {p}{seeds}."
     else:
-        why = f"equivalent within ±{points(param.margin)} points" if m.outcome == "equivalent" else "not significant"
         first = (f"Equal parameters: no significant difference from the twin, {points(m.delta, signed=True)} points "
-                 f"{_interval(m)}, {p} ({why}).")
+                 f"{_interval(m)}, {p} ({_equivalence_words(m, param.margin, param.alpha)}).")
     if m.outcome != "better":
         return Verdict(param=m.outcome, flop=None, passes_param=False, passes_flop=None,
                        sentences=(first, "Equal FLOPs: not meaningful, since the loop does not beat its twin."))

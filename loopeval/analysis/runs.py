@@ -7,7 +7,9 @@ aligns several runs item by item (``doc_id``, checked by ``doc_hash`` and
 
 Every evaluation must cover all of its items: a run cut by ``--limit``, a samples file
 missing items, a corrupt samples line or runs of different items are refused with a
-``ValueError`` that names the task, the file or the counts.
+``ValueError`` that names the task, the file or the counts. A pilot is the explicit
+exception: ``load_run(..., allow_subset=True)`` accepts a ``--limit`` run, and
+:func:`pilot_label` then says "pilot: n of N items" wherever its results are shown.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class TaskScores:
     samples_path: Path
     trace: tuple[tuple[TraceItem, ...], ...] | None
     clusters: tuple | None = None  # per-item cluster ids (load_run's cluster_field)
+    answered: np.ndarray | None = None  # per item, share of responses with a scored answer (boxed-answer tasks)
     foreign_traces: Mapping[tuple, str] = None  # keys of traces written outside this run -> why
 
     @property
@@ -89,7 +92,9 @@ class TaskScores:
 
     @property
     def finished(self) -> np.ndarray:
-        """Per item, whether every generation of it finished within its budget (from the trace)."""
+        """Per item, whether every generation of it finished within its budget: ended by
+        end-of-sequence or a stop string (from the trace). Not whether it gave an answer
+        (:attr:`answered`)."""
         return np.array([all(r.finished for r in recs) for recs in self._traced()])
 
     @property
@@ -131,6 +136,28 @@ class Run:
     @property
     def model_args(self):
         return self.config.get("model_args")
+
+    @property
+    def label(self) -> str:
+        """The model's name plus its loop, from the trace header: ``SmolLM2-135M (loop 6:8x2
+        repeat)`` or ``SmolLM2-135M (unlooped)``; lm-eval's model name without a trace."""
+        h = self.header
+        if h is None:
+            return self.name
+        args = self.model_args
+        if isinstance(args, Mapping):
+            gguf = args.get("gguf_file")
+        else:
+            gguf = next((a.split("=", 1)[1] for a in str(args or "").split(",") if a.startswith("gguf_file=")), None)
+        model = Path(gguf).stem if gguf else Path(str(h.model or self.name).rstrip("/")).name
+        if not h.looped:
+            return f"{model} (unlooped)"
+        loop = h.loop
+        operator = loop.get("operator", "")
+        if operator == "damped":
+            operator += f" beta={loop.get('beta')}"
+        exit_after = f", exit after {h.exit_after}" if h.exit_after else ""
+        return f"{model} (loop {loop.get('loop')} {operator}{exit_after})".replace("  ", " ")
 
     @property
     def header(self) -> TraceHeader | None:
@@ -273,10 +300,11 @@ def _read_samples(path: Path, metric: str) -> dict[int, dict]:
     def parse(lineno: int, rec: dict):
         if rec["filter"] != filt:
             return None
-        return int(rec["doc_id"]), (rec["doc_hash"], rec["target_hash"], rec["prompt_hash"]), rec[name], rec.get("doc")
+        return (int(rec["doc_id"]), (rec["doc_hash"], rec["target_hash"], rec["prompt_hash"]), rec[name],
+                rec.get("doc"), _answered(rec))
 
     items: dict[int, dict] = {}
-    for lineno, (doc_id, hashes, value, doc) in read_jsonl(path, parse, what="lm-eval samples"):
+    for lineno, (doc_id, hashes, value, doc, answered) in read_jsonl(path, parse, what="lm-eval samples"):
         number = _number(value, path, lineno, name)
         if doc_id in items:
             first = items[doc_id]
@@ -284,8 +312,17 @@ def _read_samples(path: Path, metric: str) -> dict[int, dict]:
                 raise ValueError(f"{path}:{lineno}: doc_id {doc_id} is recorded twice with different "
                                  f"{'hashes' if first['hashes'] != hashes else 'scores'} (first on line {first['line']})")
             continue  # an identical duplicate record adds nothing
-        items[doc_id] = {"value": number, "hashes": hashes, "line": lineno, "doc": doc}
+        items[doc_id] = {"value": number, "hashes": hashes, "line": lineno, "doc": doc, "answered": answered}
     return items
+
+
+def _answered(rec: dict) -> float | None:
+    """The share of an item's responses that gave a scored answer (loopeval's boxed-answer
+    tasks record the extracted answer, ``None`` for none); ``None`` for other tasks."""
+    if "extracted" not in rec:
+        return None
+    answers = rec["extracted"] if isinstance(rec["extracted"], list) else [rec["extracted"]]
+    return sum(a is not None for a in answers) / len(answers) if answers else 0.0
 
 
 def _run_window(results: dict, results_file: Path) -> tuple[float, float] | None:
@@ -343,7 +380,7 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, mo
 
 
 def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict],
-               cluster_field: str | None) -> TaskScores:
+               cluster_field: str | None, allow_subset: bool = False) -> TaskScores:
     n_samples = results.get("n-samples", {})
     if not isinstance(n_samples, dict):
         raise ValueError(f"{results_file}: field 'n-samples' is a {type(n_samples).__name__}, expected a mapping "
@@ -356,10 +393,10 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         raise ValueError(f"{results_file}: field 'n-samples.{task}' is {counts!r}, expected "
                          "{'original': int, 'effective': int}")
     original, effective = counts["original"], counts["effective"]
-    if effective < original:
+    if effective < original and not allow_subset:
         raise ValueError(
             f"{results_file}: task {task}: the run was cut by --limit ({effective} of {original} items); "
-            "every evaluation must cover all of its items"
+            "every evaluation must cover all of its items (a pilot: --allow-subset)"
         )
     key = _metric_key(task, results["results"].get(task, {}), metric)
     samples_path = results_file.with_name(f"samples_{task}_{_stamp(results_file)}.jsonl")
@@ -368,11 +405,11 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
             f"task {task}: no samples file {samples_path.name} beside {results_file}; run lm_eval with --log_samples"
         )
     items = _read_samples(samples_path, key)
-    if len(items) != original:
+    if len(items) != effective:
         present = set(items)
-        missing = sorted(set(range(original)) - present)[:5]
+        missing = sorted(set(range(effective)) - present)[:5]
         raise ValueError(
-            f"task {task}: {samples_path} has {len(items)} of {original} items"
+            f"task {task}: {samples_path} has {len(items)} of {effective} items"
             + (f" (missing doc_id {', '.join(map(str, missing))}...)" if missing else "")
             + "; every evaluation must cover all of its items"
         )
@@ -403,11 +440,12 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         trace=joined if any(joined) else None,
         clusters=clusters,
         foreign_traces=foreign,
+        answered=None if any(r["answered"] is None for r in recs) else np.array([r["answered"] for r in recs]),
     )
 
 
 def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
-             tasks: Sequence[str] | None = None, cluster_field: str | None = None) -> Run:
+             tasks: Sequence[str] | None = None, cluster_field: str | None = None, allow_subset: bool = False) -> Run:
     """Load an lm-eval run: a results file, a model folder or an ``--output_path`` folder.
 
     A folder gives its latest results file. ``metric`` overrides each task's main metric
@@ -417,7 +455,8 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     are read from the model folder and its parent; of those created while the run was
     evaluating, the newest holding an item's (task, doc_id, prompt_hash) supplies its records.
     ``cluster_field`` names a doc field whose value clusters items (e.g. the source problem
-    of items that share one) for the cluster bootstrap.
+    of items that share one) for the cluster bootstrap. ``allow_subset`` accepts a run cut by
+    ``--limit`` (a pilot; :func:`pilot_label`).
     """
     results_file = _results_file(Path(path))
     results = _read_json(results_file)
@@ -437,7 +476,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
     per_task = {}
     for task in selected:
         wanted = metric.get(task) if isinstance(metric, Mapping) else metric
-        per_task[task] = _load_task(task, results, results_file, wanted, traces, cluster_field)
+        per_task[task] = _load_task(task, results, results_file, wanted, traces, cluster_field, allow_subset)
     keys = [(s.task, d, h) for s in per_task.values() for d, h in zip(s.doc_ids.tolist(), s.prompt_hashes)]
     used = dict(traces[0][k][:2] for k in keys if k in traces[0])  # trace order -> header
     members = {g: tuple(_expand([g], groups, leaves, results_file)) for g in groups}
@@ -451,6 +490,18 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
         trace_error=trace_error,
         versions=_versions(results, results_file),
     )
+
+
+def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str | None:
+    """``"pilot: n of N items"`` when any of the runs covers fewer items of its tasks than
+    they hold (a ``--limit`` run, accepted with ``allow_subset``), else ``None``."""
+    counts = [(ts.n, ts.n_original) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
+    if all(n == total for n, total in counts):
+        return None
+    first = runs[0]
+    n = sum(ts.n for t, ts in first.tasks.items() if tasks is None or t in tasks)
+    total = sum(ts.n_original for t, ts in first.tasks.items() if tasks is None or t in tasks)
+    return f"pilot: {n} of {total} items"
 
 
 @dataclass(frozen=True, eq=False)
@@ -468,6 +519,11 @@ class PairedRuns:
         """Shared bootstrap resamples for every comparison among these runs (seeds averaged per
         item; clusters resampled whole where the runs were loaded with ``cluster_field``)."""
         return Resampler(self.scores, n_resamples=n_resamples, seed=seed, clusters=self.clusters or None)
+
+    @property
+    def pilot(self) -> str | None:
+        """``"pilot: n of N items"`` when a run is a subset (:func:`pilot_label`), else ``None``."""
+        return pilot_label([r for rs in self.runs.values() for r in rs], self.tasks)
 
     def accuracy(self, system: str, task: str | None = None) -> float:
         """Seed-averaged accuracy on one task, or the macro over tasks for ``None``."""

@@ -66,3 +66,13 @@ def stat_options(args):
     from loopeval.analysis.stats.options import StatOptions
 
     return StatOptions(**{f.name: getattr(args, f.name) for f in fields(StatOptions) if hasattr(args, f.name)})
+
+
+def add_reading_options(p) -> None:
+    """How runs are read: a pilot's subset, and verdicts from cut responses (compare, report, score-audit)."""
+    p.add_argument("--allow-subset", action="store_true",
+                   help="a pilot: accept runs cut by lm_eval --limit; every table and the verdict say 'pilot: n of "
+                   "N items' and no final verdict is stated")
+    p.add_argument("--unfinished-fallback", choices=["credit", "wrong"], default="credit",
+                   help="a right GSM8K number-fallback verdict from a response that did not finish (cut at its "
+                   "budget, from the trace): credit it (the paper's rule, default) or score it wrong")

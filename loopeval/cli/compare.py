@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from loopeval.cli._common import add_stat_options
+from loopeval.cli._common import add_reading_options, add_stat_options
 
 
 def add(sub) -> None:
@@ -29,6 +29,7 @@ def add(sub) -> None:
     p.add_argument("--family", type=int, metavar="K", help="Bonferroni-adjust every interval for a family of K")
     p.add_argument("--cluster-field", metavar="FIELD", help="resample clusters of items sharing this doc field")
     add_stat_options(p, "cost", "n_resamples", "seed")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 
@@ -39,7 +40,8 @@ def run(args) -> int:
 
     result = compare_runs(args.baseline, args.candidate, metric=args.metric, tasks=args.tasks,
                           cluster_field=args.cluster_field, cost=args.cost, test=args.test, family=args.family,
-                          n_resamples=args.n_resamples, seed=args.seed)
+                          n_resamples=args.n_resamples, seed=args.seed, allow_subset=args.allow_subset,
+                          unfinished_fallback=args.unfinished_fallback)
     for note in result.notes:
         print(f"warning: {note}", file=sys.stderr)
     print(json.dumps(result.as_dict(), indent=2) if args.json else result)

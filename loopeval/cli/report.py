@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from loopeval.cli._common import add_stat_options
+from loopeval.cli._common import add_reading_options, add_stat_options
 
 
 def add(sub) -> None:
@@ -39,6 +39,7 @@ def add(sub) -> None:
     p.add_argument("--default-scale", type=float, default=1.0, help="the budget scale of the Δparam test (default 1)")
     add_stat_options(p, "cost", "selection", "alpha", "margin", "n_resamples", "seed", flags={"seed": "--bootstrap-seed"})
     p.add_argument("--strict", action="store_true", help="fail instead of warning when a fairness check fails")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 
@@ -85,6 +86,7 @@ def run(args) -> int:
         selection=args.selection, alpha=args.alpha, margin=args.margin, training_pairs=[tuple(pair) for pair in args.training],
         serve_cost=args.serve_cost, wall_clock=args.wall_clock, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.seed,
+        allow_subset=args.allow_subset, unfinished_fallback=args.unfinished_fallback,
     )
     path = write_report(data, out, template=args.template, latex_tables=args.latex)
     if args.json:

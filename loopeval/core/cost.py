@@ -63,8 +63,8 @@ class LoopCost:
     a float: a sub-layer block pass is half a layer pass) and ``multiplier`` its
     c = passes / base_passes. ``layer_params`` are each layer's stored parameters and
     ``active_layer_params`` those a token multiplies by (they differ for MoE layers).
-    FLOP figures are forward FLOPs; ``bytes_per_element`` (default 2, bf16) sizes the
-    caches.
+    FLOP figures are forward FLOPs; ``bytes_per_element`` (the model's dtype, from
+    :func:`loop_cost`) sizes the caches.
     """
 
     spec: LoopSpec
@@ -240,9 +240,24 @@ def _layer_costs(config, layers) -> list[_LayerCost]:
     return out
 
 
-def loop_cost(model_or_config, spec: str | LoopSpec | None, *, bytes_per_element: int = 2) -> LoopCost:
+def _element_size(model_or_config) -> int:
+    """Bytes per element of the model's dtype, where the KV cache and state are kept."""
+    if isinstance(model_or_config, torch.nn.Module):
+        dtype = next((p.dtype for p in model_or_config.parameters() if p.is_floating_point()), None)
+    else:
+        dtype = getattr(model_or_config, "dtype", None) or getattr(model_or_config, "torch_dtype", None)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, None)
+    return (dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()).itemsize
+
+
+def loop_cost(model_or_config, spec: str | LoopSpec | None, *, bytes_per_element: int | None = None) -> LoopCost:
     """The cost of looping the unlooped ``model_or_config`` (a model, or its config, which
-    is instantiated on the meta device to count parameters) with ``spec`` (``None``: no loop)."""
+    is instantiated on the meta device to count parameters) with ``spec`` (``None``: no loop).
+    ``bytes_per_element`` sizes the cache; by default the model's dtype (its first floating
+    parameter; for a config, its ``dtype``, else torch's default dtype)."""
+    if bytes_per_element is None:
+        bytes_per_element = _element_size(model_or_config)
     spec = LoopSpec.parse(spec) if spec is not None else LoopSpec(())
     if isinstance(model_or_config, torch.nn.Module):
         model = model_or_config

@@ -41,6 +41,9 @@ FLAGS = {
     "several_boxes": "different boxed answers after thinking; the last one was compared",
     "math_verify_failed": "math-verify could not parse, errored or timed out; scored wrong",
     "relation_vs_interval": "an inequality against an interval gold (wrong) or an interval against an inequality gold",
+    "irregular_grouping": "the fallback number had irregular thousands grouping and was read whole (1080,000 as 1080000)",
+    "ambiguous_number": "the fallback number may belong to a grouped or decimal-comma number (1 000, 3,5); "
+                        "read as written, not guessed",
 }
 """The disputable rules a :class:`Grade` can carry in ``flags``, with what each means."""
 
@@ -48,13 +51,26 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _BARE_ARGUMENT = re.compile(r"[ \t]+([^\s$]+)")
 # LaTeX thousands separators: {,} and the thin, medium, thick and control spaces, and ~.
 _SEPARATOR = r"(?:\{,\}|\\[,:; ]|\\thinspace(?![A-Za-z]) ?|~)"
-_GROUPED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEPARATOR}\d{{3}})+(?!\d)")
 _GROUPED_OR_SPACED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:(?:{_SEPARATOR}| )\d{{3}})+(?!\d)")
 _SEPARATORS = re.compile(rf"{_SEPARATOR}| ")
-# A number with optional sign, comma thousands separators and decimals, or a leading-dot
-# decimal; the look-behind keeps the "2" of "x2", the "5" of "1.5" and the "-3" of "10-3"
-# from counting as numbers.
-_NUMBER = re.compile(r"(?<![\w.])-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?!\d)")
+# The number fallback's reading of free text; at each position the first alternative that
+# matches wins. Unambiguous thousands groups are read whole: commas (1,080,000), two or more
+# dots (1.080.000), thin, no-break, LaTeX spaces or apostrophes (1 080 000, 1'080'000), and
+# two or more plain-space groups (1 080 000). A lead group of four or more digits before
+# comma groups (1080,000) is read whole and flagged. A single plain-space group (1 000) or a
+# decimal comma (3,5) stays separate numbers, flagged when it gives the answer.
+_FALLBACK = re.compile(
+    r"(?<![\w.])-?(?:"
+    r"(?P<comma>\d{1,3}(?:,\d{3})+(?:\.\d+)?)(?!\d)(?!,\d)"
+    r"|(?P<dots>\d{1,3}(?:\.\d{3}){2,})(?!\d)(?!\.\d)"
+    rf"|(?P<marked>\d{{1,3}}(?:(?:{_SEPARATOR}|[\u2009\u202f\u00a0'])\d{{3}})+)(?!\d)"
+    r"|(?P<spaced>\d{1,3}(?: \d{3}){2,})(?!\d)"
+    r"|(?P<irregular>\d{4,}(?:,\d{3})+)(?!\d)(?!,\d)"
+    r"|\d+(?:\.\d+)?(?!\d)|\.\d+(?!\d))"
+)
+_UNGROUP = re.compile(rf"{_SEPARATOR}|[,\s\u2009\u202f\u00a0']")
+_DECIMAL_COMMA_BEFORE = re.compile(r"\d,$")
+_SPACE_GROUP_BEFORE = re.compile(r"(?<![\d,.])\d{1,3} $")
 _INTEGER = re.compile(r"-?\d+")
 
 # Trivial LaTeX normalisation for the exact-match test: tokens, dropped, renamed, spacing.
@@ -121,10 +137,11 @@ def grade(response: str, gold: str, *, number_fallback: bool = False, thinking: 
     """
     if not isinstance(gold, str) or not gold.strip():
         raise ValueError(f"gold answer must be a non-empty string, got {gold!r}")
-    answer, boxed, distinct_boxes = _extract(response, number_fallback=number_fallback, thinking=thinking)
+    answer, boxed, distinct_boxes, grouping = _extract(response, number_fallback=number_fallback, thinking=thinking)
     flags = set()
     if answer is not None and not boxed:
         flags.add("number_fallback")
+        flags.update(grouping)
     if distinct_boxes > 1:
         flags.add("several_boxes")
     correct, failure = False, None
@@ -181,25 +198,47 @@ def reset_failures() -> None:
         _failures.clear()
 
 
-def _extract(response: str, *, number_fallback: bool, thinking: bool) -> tuple[str | None, bool, int]:
-    """The answer, whether it is boxed, and how many different boxed answers the final text holds."""
+def _extract(response: str, *, number_fallback: bool,
+             thinking: bool) -> tuple[str | None, bool, int, tuple[str, ...]]:
+    """The answer, whether it is boxed, how many different boxed answers the final text
+    holds, and the fallback number's grouping flags."""
     if not isinstance(response, str):
         raise ValueError(f"response must be a string, got {type(response).__name__}")
     _, closed, final = response.rpartition(THINK_CLOSE)
     if not closed:
         if thinking:
-            return None, False, 0
+            return None, False, 0, ()
         final = response
     if THINK_OPEN in final:
-        return None, False, 0
+        return None, False, 0, ()
     boxes = [content for content in _boxed_contents(final) if content]
     if boxes:
-        return boxes[-1], True, len({_canonical(b) for b in boxes})
+        return boxes[-1], True, len({_canonical(b) for b in boxes}), ()
     if number_fallback:
-        numbers = _NUMBER.findall(_GROUPED.sub(lambda m: _SEPARATORS.sub(",", m.group()), final))
-        if numbers:
-            return numbers[-1].replace(",", ""), False, 0
-    return None, False, 0
+        number, grouping = _last_number(final)
+        if number is not None:
+            return number, False, 0, grouping
+    return None, False, 0, ()
+
+
+def _last_number(text: str) -> tuple[str | None, tuple[str, ...]]:
+    """The number fallback's answer in ``text`` (separators removed) and its grouping flags."""
+    last = None
+    for last in _FALLBACK.finditer(text):
+        pass
+    if last is None:
+        return None, ()
+    kind = last.lastgroup
+    number = last.group().replace(".", "") if kind == "dots" else _UNGROUP.sub("", last.group())
+    flags = ()
+    if kind == "irregular":
+        flags = ("irregular_grouping",)
+    elif kind is None:
+        before, digits = text[: last.start()], last.group().lstrip("-")
+        if (_DECIMAL_COMMA_BEFORE.search(before) and digits.isdigit() and len(digits) != 3) or \
+                (len(digits) == 3 and digits.isdigit() and _SPACE_GROUP_BEFORE.search(before)):
+            flags = ("ambiguous_number",)
+    return number, flags
 
 
 def _boxed_contents(text: str) -> list[str]:

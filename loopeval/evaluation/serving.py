@@ -24,6 +24,14 @@ sides generate the same tokens):
 
 Timings synchronise CUDA before reading the clock. Times are medians over ``repeats``
 with their min and max.
+
+Each ratio comes with its spread: the repeats are interleaved (every repeat times each
+model in turn), so repeat k gives one candidate / baseline ratio, and the median and range
+of those per-repeat ratios show how much the machine moved during the measurement.
+:meth:`ServeCost.checks` flags a ratio whose whole range lies outside what c allows (a
+looped model cannot decode faster than its unlooped base, nor, memory-bound, slower than c
+times): such a figure is unreliable, most likely from load by other processes on the
+machine, and more repeats on an idle machine are suggested (:data:`PLAUSIBLE_SLACK`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ FILE_NAME = "serve_cost.json"
 FORMAT = 1
 
 AUTO_MAX_BATCH = 65536  # the doubling search's ceiling
+PLAUSIBLE_SLACK = 0.05
+"""A latency ratio is plausible in ``[1 − slack, c (1 + slack)]`` and a throughput ratio in
+``[1 / (c (1 + slack)), 1 + slack]``: looping adds layer passes, so it cannot make decoding
+faster, and it adds at most c times the work. Timing overheads outside the layers (sampling,
+the LM head, Python) keep a real ratio inside; the slack absorbs rounding."""
+NOISY_SPREAD = 0.25  # per-repeat ratios whose range exceeds 25% of their median are called noisy
 CPU_AUTO_GAIN = 1.05  # on CPU, auto doubles while throughput rises by at least 5%
 CPU_AUTO_MEMORY_SHARE = 0.5  # ... and the estimated cache fits in half the available memory
 
@@ -129,6 +143,18 @@ class ModelServing:
 
 
 @dataclass(frozen=True)
+class RatioCheck:
+    """One candidate / baseline ratio with its spread over repeats, the range c allows,
+    and whether the measurement is reliable (``note`` says why not)."""
+
+    name: str
+    ratio: Spread  # per-repeat ratios
+    allowed: tuple[float, float]
+    reliable: bool
+    note: str
+
+
+@dataclass(frozen=True)
 class ServeCost:
     """Serving figures of several models, the baseline first (the unlooped model), and the
     settings they were measured with. :meth:`ratios` divides each candidate by the baseline."""
@@ -154,6 +180,42 @@ class ServeCost:
             "kv_bytes_per_token": b.kv_bytes_per_token / a.kv_bytes_per_token if a.kv_bytes_per_token else math.nan,
         }
 
+    def ratio_spreads(self, candidate: int = 1) -> dict[str, Spread]:
+        """Candidate / baseline per repeat (the repeats are interleaved), for latency, prefill
+        and throughput (each model at its own ``max_batch``)."""
+        a, b = self.baseline, self.models[candidate]
+        pairs = {"latency": (a.latency_s, b.latency_s), "prefill": (a.prefill_s, b.prefill_s),
+                 "throughput": (a.throughput[a.max_batch], b.throughput[b.max_batch])}
+        return {name: Spread.of([y / x for x, y in zip(sa.samples, sb.samples)]) for name, (sa, sb) in pairs.items()}
+
+    def checks(self, candidate: int = 1) -> list[RatioCheck]:
+        """Latency and throughput ratios against what c allows (:data:`PLAUSIBLE_SLACK`): a
+        ratio whose per-repeat range lies wholly outside is unreliable; a wide range is noisy."""
+        c = self.ratios(candidate)["multiplier"]
+        spreads = self.ratio_spreads(candidate)
+        allowed = {"latency": (1 - PLAUSIBLE_SLACK, c * (1 + PLAUSIBLE_SLACK)),
+                   "throughput": (1 / (c * (1 + PLAUSIBLE_SLACK)), 1 + PLAUSIBLE_SLACK)}
+        repeats = len(spreads["latency"].samples)
+        more = f"rerun with more repeats (--repeats {max(2 * repeats, 10)}) on an idle machine"
+        out = []
+        for name, (low, high) in allowed.items():
+            r = spreads[name]
+            faster = name == "latency" and r.high < low or name == "throughput" and r.low > high
+            outside = r.high < low or r.low > high
+            noisy = (r.high - r.low) > NOISY_SPREAD * r.median
+            if outside:
+                why = "faster than the unlooped model" if faster else "slower than c allows"
+                note = (f"unreliable: {name} x{r.median:.3f} (per repeat {r.low:.3f} to {r.high:.3f}) says the looped "
+                        f"model is {why} (c = {c:.3f} allows {low:.3f} to {high:.3f}); likely cause: load from other "
+                        f"processes on the machine during the measurement; {more}")
+            elif noisy:
+                note = (f"noisy: {name} ratios per repeat range {r.low:.3f} to {r.high:.3f} around {r.median:.3f}; "
+                        f"{more}")
+            else:
+                note = ""
+            out.append(RatioCheck(name, r, (low, high), not outside, note))
+        return out
+
     def to_dict(self) -> dict:
         models = []
         for m in self.models:
@@ -161,7 +223,11 @@ class ServeCost:
             d["throughput"] = {str(k): asdict(v) for k, v in m.throughput.items()}
             models.append(d)
         return {"format": FORMAT, "settings": self.settings, "models": models,
-                "ratios": [self.ratios(i) for i in range(1, len(self.models))]}
+                "ratios": [self.ratios(i) for i in range(1, len(self.models))],
+                "ratio_spreads": [{k: asdict(v) for k, v in self.ratio_spreads(i).items()}
+                                  for i in range(1, len(self.models))],
+                "checks": [[{"name": c.name, "reliable": c.reliable, "note": c.note} for c in self.checks(i)]
+                           for i in range(1, len(self.models))]}
 
     def write(self, out: str | Path) -> Path:
         """Write ``out/serve_cost.json`` and return its path."""
@@ -199,9 +265,12 @@ class ServeCost:
                  f"repeats (medians); batch sizes {s.get('batch_sizes')}", "", table(header, rows, text_columns=2)]
         for i, m in enumerate(self.models[1:], 1):
             r = self.ratios(i)
+            shown = {name: f"{name} x{r[name]:.3f} [per repeat {x.low:.3f}, {x.high:.3f}]"
+                     for name, x in self.ratio_spreads(i).items()}
             lines += ["", f"{m.name} / {self.baseline.name}:  c = {r['multiplier']:.3f}  FLOPs x{r['flop_multiplier']:.3f}",
-                      f"  latency x{r['latency']:.3f}   throughput x{r['throughput']:.3f}   prefill x{r['prefill']:.3f}"
-                      f"   memory x{r['memory']:.3f}   KV/token x{r['kv_bytes_per_token']:.3f}"]
+                      f"  {shown['latency']}   {shown['throughput']}   {shown['prefill']}",
+                      f"  memory x{r['memory']:.3f}   KV/token x{r['kv_bytes_per_token']:.3f}"]
+            lines += [f"  {c.note}" for c in self.checks(i) if c.note]
         return "\n".join(lines)
 
 
@@ -506,9 +575,8 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     meter = _Meter(device, pad, vocab, prompt_tokens, options, seed)
     costs = []
     for _, model, _ in loaded:
-        itemsize = next(model.parameters()).element_size()
         config = loop_config(model)
-        costs.append(loop_cost(model, config.spec if config else None, bytes_per_element=itemsize))
+        costs.append(loop_cost(model, config.spec if config else None))
 
     from tqdm.auto import tqdm
 

@@ -306,7 +306,8 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
             for name, values in terms_window.items():
                 terms_curve.setdefault(name, []).append([step + 1, torch.stack(values).mean().item()])
             window, terms_window = [], {}
-            bar.set_postfix(loss=f"{curve[-1][1]:.4f}", refresh=False)
+            bar.set_postfix(loss=f"{curve[-1][1]:.4f}", **{name: f"{values[-1][1]:.4f}"
+                                                           for name, values in terms_curve.items()}, refresh=False)
 
         if heldout is not None and (last or (config.save_every and (step + 1) % config.save_every == 0)):
             t0 = time.perf_counter()

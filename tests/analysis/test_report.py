@@ -14,7 +14,7 @@ from markupsafe import escape
 
 from loopeval.cli import main
 from loopeval.analysis.report import build_report, render, write_report
-from loopeval.analysis.stats import paired_bootstrap, tost
+from loopeval.analysis.stats import paired_bootstrap, paired_tost
 from support import read_records
 
 TASKS = ["toy_arith", "toy_aime"]  # the generative toy tasks: both carry a cost trace
@@ -71,7 +71,9 @@ def test_report_numbers_equal_loopeval_stats(runs):
     m = plain.param.macro
     assert m.delta == pytest.approx(np.mean([looped[t].mean() - twin[t].mean() for t in TASKS]))
     assert (m.ci.low, m.ci.high, m.pvalue) == pytest.approx((expected.ci.low, expected.ci.high, expected.pvalue))
-    eq = tost({"toy_arith": twin["toy_arith"]}, {"toy_arith": looped["toy_arith"]}, n_resamples=2000)
+    # 60 items: below the bootstrap's small-sample threshold, so the equivalence interval is Tango's.
+    eq = paired_tost(twin["toy_arith"], looped["toy_arith"])
+    assert plain.param.tasks["toy_arith"].equivalence_method == "tango"
     assert plain.param.tasks["toy_arith"].equivalence_ci == pytest.approx(tuple(eq.ci))
     row = next(r for r in data.decoding if r["setting"] == "looped")
     assert row["macro"] == pytest.approx(np.mean([looped[t].mean() for t in TASKS]))
@@ -446,3 +448,42 @@ def test_wall_clock_puts_looped_points_at_their_measured_latency(runs, tmp_path)
         build_report(twins, looped, wall_clock=True)
     with pytest.raises(ValueError, match="drop --cost flops"):
         build_report(twins, looped, serve_cost=[tmp_path / "serve"], wall_clock=True, cost="flops")
+
+
+def test_a_training_free_report_needs_no_manifest_and_opens_with_the_verdict(tmp_path, make_runs):
+    # Issue 24: a training-free loop (the twin's own weights) has no training to compare, so a
+    # missing training_manifest.json is no fairness failure; a trained loop without one still is.
+    for name, args in {"twin": "pretrained=toy/twin,p=0.5,seed=0,weights=w0",
+                       "free": "pretrained=toy/looped,p=0.62,seed=1,cost=1.25,weights=w0",
+                       "trained": "pretrained=toy/looped,p=0.62,seed=1,cost=1.25,weights=w1"}.items():
+        make_runs.make_run(tmp_path / name, args, tasks=["toy_arith"])
+    data = build_report([tmp_path / "twin"], [tmp_path / "free"], n_resamples=500)
+    assert data.failed_checks == []
+    (check,) = [c for c in data.checks if c.name.startswith("training-free loop")]
+    assert check.ok and "no training manifest is needed" in check.detail
+    assert data.conditions[0].param.test == "mcnemar"
+    page = render(data)
+    assert "Fairness checks failed" not in page
+    assert page.index('id="verdict"') < page.index('id="checks"')
+    with pytest.warns(UserWarning, match="no training_manifest.json"):
+        trained = build_report([tmp_path / "twin"], [tmp_path / "trained"], n_resamples=500)
+    page = render(trained)
+    assert page.index('id="verdict"') < page.index('id="failed-checks"') < page.index('id="table-param"')
+
+
+def test_a_pilots_tables_say_so(runs):
+    from loopeval.analysis.report.latex import tables
+
+    with pytest.warns(UserWarning, match="no training_manifest.json"):
+        data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), n_resamples=200)
+    data.pilot = "pilot: 10 of 60 items"  # as build_report sets it from --limit runs (--allow-subset)
+    tex = tables(data)
+    assert tex.count(r"\caption{Pilot: 10 of 60 items, not final. ") == tex.count(r"\caption{") == 4
+    page = render(data)
+    assert page.count("(pilot: 10 of 60 items)") >= 6 and 'id="pilot"' in page
+
+
+def test_a_missing_default_budget_names_the_flag(runs):
+    with pytest.raises(ValueError, match=r"no unlooped run at the default budget 2× \(unlooped runs are at 0.5×, 1×\); "
+                                         r"name the default budget with --default-scale"):
+        build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), default_scale=2.0, n_resamples=200)

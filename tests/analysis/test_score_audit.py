@@ -144,3 +144,55 @@ def test_bad_input(run, tmp_path, capsys):
     samples.write_text(samples.read_text().replace('"gold"', '"answer_key"'))
     with pytest.raises(ValueError, match=r"samples_gsm8k_boxed_.*jsonl:1: corrupt lm-eval samples line \(KeyError"):
         score_audit(broken)
+
+
+def add_trace(out: Path, finished: dict[int, bool], task: str = "gsm8k_boxed") -> None:
+    """A looped-model trace for ``task``'s items, written while the run was evaluating, saying
+    which responses finished (ended by end-of-sequence or a stop) and which were cut."""
+    from dataclasses import asdict
+
+    from loopeval.evaluation.trace import DecodingSettings, TraceHeader, TraceItem
+
+    (results,) = out.rglob("results_*.json")
+    date = json.loads(results.read_text())["date"]
+    (samples,) = out.rglob(f"samples_{task}_*.jsonl")
+    header = TraceHeader(model="scripted", loop=None, cost={}, decoding=DecodingSettings())
+    lines = [{"kind": "header", "format": 2, "created": float(date), **header.to_dict()}]
+    for rec in map(json.loads, samples.read_text().splitlines()):
+        item = TraceItem(task, rec["doc_id"], 0, rec["prompt_hash"], 10, 32, 32, finished[rec["doc_id"]], None, None,
+                         30, 1.0)
+        lines.append({"kind": "item", **asdict(item)})
+    (out / "loopeval_trace_2000-01-01T00-00-00.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_fallback_verdicts_from_unfinished_responses_are_counted_and_can_be_scored_wrong(run, tmp_path, capsys):
+    # gsm8k_boxed: doc 1 falls back to "3" (wrong), doc 3 to "624" (right); both were cut at
+    # their budget, the boxed docs 0 and 2 finished.
+    from loopeval.analysis.runs import load_run
+    from loopeval.analysis.score_audit import unfinished_fallback_wrong
+
+    out = shutil.copytree(run, tmp_path / "out")
+    add_trace(out, {0: True, 1: False, 2: True, 3: False})
+    gsm8k = score_audit(out, tasks=["gsm8k_boxed"]).tasks["gsm8k_boxed"]
+    assert (gsm8k.unfinished_fallback, gsm8k.unfinished_fallback_right, gsm8k.untraced) == (2, 1, 0)
+    assert gsm8k.accuracy == 0.75  # the paper's rule credits the cut "624"
+    assert [(i.doc_id, i.finished) for i in gsm8k.items] == [(1, False), (2, True), (3, False)]
+    wrong = score_audit(out, tasks=["gsm8k_boxed"], unfinished_fallback="wrong").tasks["gsm8k_boxed"]
+    assert (wrong.accuracy, wrong.recorded_accuracy) == (0.5, 0.75)
+    loaded = load_run(out, tasks=["gsm8k_boxed"])
+    assert unfinished_fallback_wrong(loaded).tasks["gsm8k_boxed"].scores.tolist() == [1, 0, 1, 0]
+    assert loaded.tasks["gsm8k_boxed"].scores.tolist() == [1, 0, 1, 1]  # the run itself is left as recorded
+
+    assert main(["score-audit", str(out), "--tasks", "gsm8k_boxed"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("gsm8k_boxed "))
+    assert row.split()[8:10] == ["2", "1"]
+    assert re.search(r"doc 3\s+right\s+number_fallback\s+UNFINISHED", text)
+
+
+def test_scoring_cut_fallbacks_wrong_needs_a_trace(run):
+    from loopeval.analysis.runs import load_run
+    from loopeval.analysis.score_audit import unfinished_fallback_wrong
+
+    with pytest.raises(ValueError, match=r"gsm8k_boxed: 2 number-fallback responses have no trace record"):
+        unfinished_fallback_wrong(load_run(run, tasks=["gsm8k_boxed"]))

@@ -42,7 +42,8 @@ def test_json_rows_match_an_independent_reading_of_the_samples(capsys):
         a, b = item_scores(TWIN, task, metric, filt), item_scores(LOOPED, task, metric, filt)
         row = out["tasks"][task]
         assert set(row) == {"n", "baseline", "candidate", "delta", "ci", "confidence", "pvalue", "pvalue_holm",
-                            "mcnemar_pvalue", "decided_by", "outcome", "equivalent", "warnings"}
+                            "mcnemar_pvalue", "decided_by", "outcome", "equivalent", "equivalence_ci",
+                            "equivalence_method", "warnings"}
         assert row["n"] == len(a)
         assert (row["baseline"], row["candidate"]) == pytest.approx((a.mean(), b.mean()))
         assert row["delta"] == pytest.approx(b.mean() - a.mean())
@@ -105,7 +106,15 @@ def test_table_shows_points_per_task_and_the_macro(capsys):
     assert f"[{100 * arith['ci'][0]:+.1f}, {100 * arith['ci'][1]:+.1f}]" in lines["toy_arith"]
     assert "<0.001" in lines["toy_arith"]  # the resampling floor, not 0.0002
     assert lines["macro"].split()[1] == "102"
-    assert "seed runs favouring the candidate: 1 (1/1)" in text
+    assert "seed runs favouring the candidate: 1 of 1" in text
+    # Both costs, each named (the fixture traces: 5 of 4 passes per token; the realised ratio
+    # also counts how many tokens each side generated), and the runs by model and loop.
+    assert "c (nominal cost: layer passes per token, candidate / baseline) = 1.250" in text
+    assert "realised cost (layer passes x generated tokens, generative tasks, candidate / baseline) = 1.255; " \
+           "ΔFLOP charges this one" in text
+    assert text.splitlines()[0].split()[:3] == ["baseline", "twin", "(unlooped)"]
+    assert text.splitlines()[1].split()[:5] == ["candidate", "looped", "(loop", "1:2x2", "repeat)"]
+    assert (out["c"], out["labels"]["candidate"]) == (1.25, "looped (loop 1:2x2 repeat)")
 
 
 def refused(capsys, *argv) -> str:
@@ -128,6 +137,19 @@ def samples_file(results: Path, task: str) -> Path:
 def test_a_run_cut_by_limit_is_refused(capsys):
     err = refused(capsys, TWIN, str(RUNS / "limited"))
     assert "loopeval compare: error:" in err and "--limit (10 of 12 items)" in err and "toy_aime" in err
+
+
+def test_a_pilot_is_accepted_with_allow_subset_and_labelled(capsys, tmp_path):
+    # Two --limit runs of the same 10 items per task (a second evaluation: its own results file).
+    folder, results = copy_run(tmp_path, "limited")
+    results.write_text(results.read_text().replace('"date"', '"date" ', 1))
+    err = refused(capsys, str(RUNS / "limited"), str(folder))
+    assert "a pilot: --allow-subset" in err
+    assert main(["compare", str(RUNS / "limited"), str(folder), "--allow-subset", "--n-resamples", "500"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == "pilot: 30 of 102 items; outcomes below are a pilot's, not a final verdict"
+    out = run_json(capsys, str(RUNS / "limited"), str(folder), "--allow-subset", "--n-resamples", "500")
+    assert out["pilot"] == "pilot: 30 of 102 items"
 
 
 def test_missing_items_are_refused(capsys, tmp_path):

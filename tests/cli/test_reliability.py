@@ -44,7 +44,10 @@ REPORT = ["report", "--twin", str(RUNS / "twin"), "--looped", str(RUNS / "looped
 # id: (argv, or a function of a temporary folder returning argv; the message, a regex; exit status)
 TABLE = {
     "compare-same-run": (["compare", str(RUNS / "twin"), str(RUNS / "twin")], r"baseline and candidate are the same run", 2),
-    "compare-limit": (["compare", str(RUNS / "twin"), str(RUNS / "limited")], r"task toy_aime: the run was cut by --limit", 2),
+    "compare-limit": (["compare", str(RUNS / "twin"), str(RUNS / "limited")],
+                      r"task toy_aime: the run was cut by --limit .*\(a pilot: --allow-subset\)", 2),
+    "compare-pilot-against-full": (["compare", str(RUNS / "twin"), str(RUNS / "limited"), "--allow-subset"],
+                                   r"task toy_aime: baseline has 12 items and candidate has 10 .*evaluated different items", 2),
     "compare-missing-run": (["compare", str(RUNS / "twin"), "no/such/run"], r"no such run: no/such/run", 2),
     "compare-corrupt-trace": (_corrupt_trace, r"twin: no loopeval trace \(cannot read the cost traces: .*loopeval_trace_crashed.jsonl:\d: corrupt", 0),
     "report-larger-looped": ([*REPORT, "--larger", str(RUNS / "looped")], r"given as --larger, but its trace records a loop", 2),

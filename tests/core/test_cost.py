@@ -135,7 +135,7 @@ def test_cache_bytes_match_a_filled_cache(spec):
             model(torch.randint(3, 100, (1, length)), cache=cache, use_cache=True)
         measured.append(_cache_bytes(cache))
     per_token = (measured[1] - measured[0]) / 20
-    cost = loop_cost(tiny_model("qwen3_5", num_layers=8), spec, bytes_per_element=4)  # float32
+    cost = loop_cost(tiny_model("qwen3_5", num_layers=8), spec)  # bytes per element from the model: float32
     assert cost.kv_bytes_per_token == per_token
     assert cost.state_bytes_per_sequence == measured[0] - 10 * per_token
     if spec is None:
@@ -151,3 +151,17 @@ def test_config_and_model_agree():
 def test_bad_spec():
     with pytest.raises(ValueError, match="past the last layer"):
         loop_cost(tiny_config("qwen3", num_layers=4), "2:6x2")
+
+
+def test_cache_bytes_follow_the_model_dtype():
+    # Issue 24: a float32 model's trace header recorded 2 bytes per element.
+    model = tiny_model("qwen3", num_layers=2)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model.to(torch.bfloat16)(torch.randint(3, 100, (1, 7)), cache=cache, use_cache=True)
+    per_token_bf16 = _cache_bytes(cache) / 7
+    assert loop_cost(model, None).kv_bytes_per_token == per_token_bf16
+    assert loop_cost(model.to(torch.float32), None).kv_bytes_per_token == 2 * per_token_bf16
+    config = tiny_config("qwen3", num_layers=2)
+    config.dtype = torch.bfloat16
+    assert loop_cost(config, None).kv_bytes_per_token == per_token_bf16

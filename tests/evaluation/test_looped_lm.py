@@ -346,3 +346,27 @@ def test_the_budget_forcing_sweep_runs_on_gsm8k(workdir, tmp_path):
         string = max(len(ids) for ids in lm.force_ids)
         assert trace.items and all(i.bf_reserve == string + round((512 - string) * scale) for i in trace.items)
         assert all(i.forced_at == i.max_gen_toks - i.bf_reserve for i in trace.items if not i.finished)
+
+
+def test_a_limit_run_warns_that_it_is_a_pilot_before_loading(workdir, monkeypatch):
+    from loopeval.evaluation.model_adapters import looped
+
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--tasks", "gsm8k_boxed", "--limit", "24"])
+    monkeypatch.setattr(looped.HFLM, "__init__", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("loading")))
+    with pytest.warns(UserWarning, match=r"--limit 24 evaluates a subset of each task, so this run is a pilot"):
+        with pytest.raises(RuntimeError, match="loading"):  # warned before any weights load
+            looped.LoopedLM(pretrained=str(workdir / "base"))
+    assert looped.pilot_warning(["lm_eval", "--limit=0.1"]) is not None
+    assert looped.pilot_warning(["lm_eval", "--tasks", "gsm8k_boxed"]) is None
+
+
+def test_long_generations_show_token_progress_and_generate_the_same(workdir, evaluate, monkeypatch, capsys):
+    from lm_eval.models.huggingface import HFLM
+
+    from loopeval.evaluation.model_adapters import looped
+
+    monkeypatch.setattr(looped, "TOKEN_PROGRESS_FROM", 1)
+    path = str(workdir / "base")
+    with_bar = evaluate(looped.LoopedLM(pretrained=path, device="cpu", batch_size=3))
+    assert "batch of 3" in capsys.readouterr().err
+    assert _resps(with_bar) == _resps(evaluate(HFLM(pretrained=path, device="cpu", batch_size=3)))

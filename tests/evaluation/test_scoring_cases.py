@@ -106,6 +106,31 @@ NUMBERS = [
     Case("fallback: thin space", r"That makes $1\,234$ marbles.", "1234", True, options=FALLBACK, flags=NUMBER),
     Case("fallback: commas and cents", "She pays $1,234.50 in total.", "1234.5", True, options=FALLBACK),
     Case("fallback: tie", r"He walks 2~500 steps.", "2500", True, options=FALLBACK),
+    # Issue 24, real SmolLM2-135M output: one comma in the wrong place still means the whole number.
+    Case("fallback: irregular grouping", "So, the answer is 1080,000.", "1080000", True,
+         "a careful grader reads 1,080,000, not 000", options=FALLBACK, flags=NUMBER + ("irregular_grouping",)),
+    Case("fallback: comma groups", "The farm earns 1,080,000 dollars.", "1080000", True, options=FALLBACK, flags=NUMBER),
+    Case("fallback: space groups", "The farm earns 1 080 000 dollars.", "1080000", True, options=FALLBACK, flags=NUMBER),
+    Case("fallback: narrow no-break space groups", "The farm earns 1\u202f080\u202f000 dollars.", "1080000", True,
+         options=FALLBACK, flags=NUMBER),
+    Case("fallback: dot groups", "Der Hof verdient 1.080.000 Euro.", "1080000", True,
+         "two dot groups cannot be a decimal", options=FALLBACK, flags=NUMBER),
+    Case("fallback: apostrophe groups", "It costs 1'080'000 francs.", "1080000", True, options=FALLBACK, flags=NUMBER),
+    Case("fallback: groups then a full stop", "In total: 2,500.", "2500", True, options=FALLBACK, flags=NUMBER),
+    # Issue 24, real SmolLM2-135M output cut at its token budget: the paper's rule credits the
+    # list index; score-audit marks the verdict as resting on an unfinished response.
+    Case("fallback: truncated list index", "...\n5. Add the distances.\n6. Now, calculate the total distance", "6",
+         True, "the last number is the index of an unfinished list", options=FALLBACK, flags=NUMBER),
+    # Ambiguous forms: read as written (separate numbers) and flagged, never guessed.
+    Case("fallback: one space group", "The answer is 1 000.", "1000", False,
+         "1 000 or the numbers 1 and 000? flagged, read as written", options=FALLBACK,
+         flags=NUMBER + ("ambiguous_number",)),
+    Case("fallback: decimal comma", "The answer is 3,5.", "3.5", False,
+         "a decimal comma or the list 3, 5? flagged, read as written", options=FALLBACK,
+         flags=NUMBER + ("ambiguous_number",)),
+    Case("fallback: list of numbers", "The numbers are 1,2,3", "3", True,
+         "a list whose last number is 3; flagged since it could be a decimal comma", options=FALLBACK,
+         flags=NUMBER + ("ambiguous_number",)),
     # Leading-dot decimals.
     Case("decimal: leading dot boxed", r"\boxed{.4}", "0.4", True),
     Case("decimal: negative leading dot", r"\boxed{-.5}", r"-\frac{1}{2}", True),

@@ -286,3 +286,36 @@ def test_cli_writes_the_json_and_the_table(checkpoints, tmp_path):
     assert "looped 1:3x2 / unlooped:  c = 1.500" in done.stdout
     bad = _cli("--model", str(checkpoints / "base"), "--loop", "1:3x2", "--batch-sizes", "0", "--out", str(tmp_path))
     assert bad.returncode == 2 and "batch sizes [0]" in bad.stderr
+
+
+def _served(name: str, passes: float, latency_ms, tokens_per_s):
+    from loopeval.evaluation.serving import ModelServing, Spread
+
+    return ModelServing(name=name, loop=None if passes == 30 else "6:8x2", passes=passes, generation_flops=passes,
+                        weight_bytes=1, kv_bytes_per_token=1, state_bytes_per_sequence=0,
+                        prefill_s=Spread.of([0.1, 0.1, 0.1]), latency_s=Spread.of([x / 1e3 for x in latency_ms]),
+                        throughput={1: Spread.of(tokens_per_s)}, max_batch=1, peak_memory_bytes=1,
+                        memory_growth_per_token=0.0)
+
+
+def test_ratios_carry_their_spread_and_implausible_ones_are_flagged():
+    from loopeval.evaluation.serving import ServeCost
+
+    # Issue 24's real figures under load: c = 32/30 = 1.067, but the looped model measured faster
+    # in every repeat (per-repeat latency ratios 0.5, 6/11, 7/12; throughput 2, 11/6, 12/7).
+    loaded = ServeCost((_served("base", 30, [10, 11, 12], [3.0, 6.0, 7.0]),
+                        _served("looped", 32, [5, 6, 7], [6.0, 11.0, 12.0])), {"repeats": 3})
+    spread = loaded.ratio_spreads()
+    assert spread["latency"].samples == pytest.approx((0.5, 6 / 11, 7 / 12))
+    assert (spread["throughput"].low, spread["throughput"].high) == pytest.approx((12 / 7, 2.0))
+    latency, throughput = loaded.checks()
+    assert not latency.reliable and not throughput.reliable
+    assert "faster than the unlooped model" in latency.note and "load from other processes" in latency.note
+    assert "--repeats 10" in latency.note
+    text = loaded.to_text()
+    assert "latency x0.545 [per repeat 0.500, 0.583]" in text and "unreliable: throughput" in text
+    # Plausible: the loop 4-6% slower, inside [1 - slack, c (1 + slack)] in every repeat.
+    fine = ServeCost((_served("base", 30, [10, 11, 12], [100.0, 91.0, 83.0]),
+                      _served("looped", 32, [10.5, 11.6, 12.5], [95.0, 86.0, 80.0])), {"repeats": 3})
+    assert all(c.reliable and not c.note for c in fine.checks())
+    assert "unreliable" not in fine.to_text()

@@ -47,13 +47,13 @@ def local(tmp_path_factory):
     return local_tasks(tmp_path_factory.mktemp("tasks"), {t: FIXTURES / f for t, f in FIXTURE_FILES.items()})
 
 
-GSM8K = {  # question -> response; acc 3/4, finished 2/4
+GSM8K = {  # question -> response; acc 3/4, boxed 2/4
     "Natalia sold clips": ["48/2 = 24 in May, 48 + 24 = 72 in all.\n\\boxed{72}"],
     "Weng earns $12": ["12/60 = 0.2 per minute, 0.2 * 50 = 10. She earned $10."],
     "A bakery sells 400": ["<think>400*3 = \\boxed{1100}?</think> It sells \\boxed{1,200} loaves."],
     "James writes a 3-page": ["<think>3*2*2 = 12 a week, 12*52 = \\boxed{624}"],
 }
-MATH500 = {  # acc 1/2, finished 2/2, one unparsable answer
+MATH500 = {  # acc 1/2, boxed 2/2, one unparsable answer
     "Convert the point": ["r = 3 and theta = pi/2, so $\\boxed{(3, \\frac{\\pi}{2})}$."],
     "Simplify $\\sqrt{242}$": ["$\\sqrt{242} = \\boxed{11\\sqrt2 +}$"],
 }
@@ -61,7 +61,7 @@ AIME24 = {  # acc (3/8 + 8/8) / 2
     "Every morning Aya": [r"\boxed{204}"] * 3 + [r"\boxed{200}"] * 5,
     "There exist real numbers": [r"\boxed{25}", r"so $xy = \boxed{25}$", r"\boxed{25.0}"] + [r"\boxed{25}"] * 5,
 }
-AIME25 = {  # acc (8/8 + 0/8) / 2, finished 1/2
+AIME25 = {  # acc (8/8 + 0/8) / 2, boxed 1/2
     "integer bases": [r"\boxed{70}"] * 8,
     "heptagon": [r"the area is \boxed{58"] * 8,
 }
@@ -96,11 +96,11 @@ def test_loop_core_scores_and_unweighted_macro(tokenizer, local, tmp_path):
     results = evaluate(lm, ["loop_core"], local, evaluation_tracker=tracker)
 
     gsm8k, math500 = results["results"]["gsm8k_boxed"], results["results"]["math500_boxed"]
-    assert (gsm8k["acc,none"], gsm8k["finished,none"], gsm8k["scoring_failures,none"]) == (0.75, 0.5, 0)
-    assert (math500["acc,none"], math500["finished,none"], math500["scoring_failures,none"]) == (0.5, 1.0, 1)
+    assert (gsm8k["acc,none"], gsm8k["boxed,none"], gsm8k["scoring_failures,none"]) == (0.75, 0.5, 0)
+    assert (math500["acc,none"], math500["boxed,none"], math500["scoring_failures,none"]) == (0.5, 1.0, 1)
     # The unweighted mean of 3/4 and 1/2, not the pooled 4/6.
     assert results["groups"]["loop_core"]["acc,none"] == pytest.approx(0.625)
-    assert results["groups"]["loop_core"]["finished,none"] == pytest.approx(0.75)
+    assert results["groups"]["loop_core"]["boxed,none"] == pytest.approx(0.75)
 
     # Budgets, and EOS as the only stop.
     kwargs = {prompt.split("\n")[1][:12]: kw for prompt, kw in lm.generations}
@@ -140,7 +140,7 @@ def test_loop_full_macro_over_five_benchmarks(tokenizer, local):
     expected = {"gsm8k_boxed": 0.75, "math500_boxed": 0.5, "aime24_boxed": 0.6875, "aime25_boxed": 0.5}
     assert accs == pytest.approx(expected | {"gpqa_diamond_boxed": 0.75})
     assert results["groups"]["loop_full"]["acc,none"] == pytest.approx(sum(accs.values()) / 5)
-    assert results["results"]["aime25_boxed"]["finished,none"] == 0.5
+    assert results["results"]["aime25_boxed"]["boxed,none"] == 0.5
 
 
 def test_thinking_variants_need_a_closed_thinking_block(tokenizer, local):
@@ -155,7 +155,7 @@ def test_thinking_variants_need_a_closed_thinking_block(tokenizer, local):
     lm = ScriptedLM(tokenizer, respond=by_question(script))
     results = evaluate(lm, ["loop_core_think"], local)
     assert results["results"]["gsm8k_boxed_think"]["acc,none"] == 0.75
-    assert results["results"]["gsm8k_boxed_think"]["finished,none"] == 0.5
+    assert results["results"]["gsm8k_boxed_think"]["boxed,none"] == 0.5
     assert results["results"]["math500_boxed_think"]["acc,none"] == 0.5
     assert results["groups"]["loop_core_think"]["acc,none"] == pytest.approx(0.625)
     budgets = {kw["max_gen_toks"] for prompt, kw in lm.generations if "Natalia" in prompt or "Weng" in prompt}

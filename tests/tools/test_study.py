@@ -59,6 +59,8 @@ def _study(world: Path, folder: Path, **changes) -> Path:
     ({"decoding": [{"name": "bf", "budget_forcing": "maybe"}]}, r"decoding\[0\]: budget_forcing='maybe': expected a boolean"),
     ({"decoding": [{"name": "bf", "forcing": True}]}, r"decoding\[0\].forcing: unknown key"),
     ({"lm_eval": {"batch": 3}}, r"lm_eval.batch: unknown key"),
+    ({"lm_eval": {"limit": 3}}, r"lm_eval.limit: a run of a subset of the items is a pilot; set pilot: true"),
+    ({"lm_eval": {"limit": -1}, "pilot": True}, r"lm_eval.limit: .*"),
 ])
 def test_a_bad_study_file_names_the_file_and_key(world, tmp_path, change, message):
     path = _study(world, tmp_path, **change)
@@ -176,3 +178,18 @@ def test_two_workers_on_the_cpu(world, tmp_path):
     assert "wrote" in proc.stdout and (tmp_path / "out" / "report.html").is_file()
     evals = sorted(p.name for p in (tmp_path / "out" / "evals").iterdir() if not p.name.startswith("."))
     assert evals == ["looped__plain__0.5x", "looped__plain__1x", "twin__plain__0.5x", "twin__plain__1x"]
+
+
+def test_a_pilot_study_runs_on_a_subset_and_says_so(world, tmp_path):
+    # pilot: true with lm_eval.limit: 4 of the 6 items; the report labels every table and the
+    # verdict, and no verdict is final.
+    path = _study(world, tmp_path, pilot=True, budgets=[1], lm_eval={"batch_size": 3, "device": "cpu", "limit": 4})
+    assert load_study(path).lm_eval["limit"] == 4
+    result = run_study(path, progress=False)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["pilot"] == "pilot: 4 of 6 items"
+    verdict = report["conditions"][0]["verdict"]
+    assert verdict["pilot"] == "pilot: 4 of 6 items" and verdict["sentences"][0].startswith(
+        "Pilot: 4 of 6 items, not a final verdict. ")
+    page = result.report.read_text()
+    assert page.count("(pilot: 4 of 6 items)") >= 5

@@ -180,3 +180,13 @@ def test_cli_converts_with_the_same_code_path(work, tmp_path, capsys):
     assert "exists and is not empty" in capsys.readouterr().err
     assert main(args + ["--overwrite", "--lora-targets", "nothing_here"]) == 2
     assert "match no module" in capsys.readouterr().err
+
+
+def test_the_progress_bar_shows_kl_and_nll_live(work, tmp_path, capsys):
+    config = TrainConfig(recipe="convert", steps=2, batch_size=4, max_length=32, lora_rank=2, log_every=1)
+    train_model(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "bar", config=config,
+                progress=True)
+    err = capsys.readouterr().err
+    manifest = json.loads((tmp_path / "bar" / "training_manifest.json").read_text())
+    kl, nll = manifest["loss_terms"]["kl"][-1][1], manifest["loss_terms"]["nll"][-1][1]
+    assert f"kl={kl:.4f}" in err and f"nll={nll:.4f}" in err  # the manifest's last values, shown while training

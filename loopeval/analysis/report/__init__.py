@@ -25,9 +25,8 @@ from loopeval.analysis.report.checks import Check
 from loopeval.analysis.report.data import ReportData
 from loopeval.analysis.report.evaluations import RunSpec
 from loopeval.analysis.report.render import check_output, render, write_report
-from loopeval.analysis.runs import Run
-from loopeval.analysis.stats.options import COST_MODES
-from loopeval.analysis.stats.options import DEFAULTS
+from loopeval.analysis.runs import Run, pilot_label
+from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
 __all__ = ["Check", "ReportData", "RunSpec", "build_report", "check_output", "render", "write_report"]
 
@@ -53,6 +52,8 @@ def build_report(
     n_resamples: int = DEFAULTS.n_resamples,
     seed: int = 0,
     intended_differences: tuple[str, ...] = (),
+    allow_subset: bool = False,
+    unfinished_fallback: str = "credit",
 ) -> ReportData:
     """Compute the two-test report from lm-eval output folders (or loaded runs).
 
@@ -69,6 +70,10 @@ def build_report(
     checkpoint folders. ``serve_cost`` folders (``loopeval serve-cost --out``) add the
     serving section (Table 10); with ``wall_clock``, Figure 2 puts the looped points at
     their measured latency instead of their layer-pass charge.
+    ``allow_subset`` accepts ``--limit`` runs as a pilot: every table and the verdict say
+    "pilot: n of N items" and no verdict is final. ``unfinished_fallback="wrong"`` scores
+    GSM8K number-fallback verdicts from responses cut at their budget as wrong; either way
+    the report counts them per run and task (``ReportData.fallbacks``).
     Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
     fairness check. ``intended_differences`` names identity parts the two sides may differ in
     (:mod:`loopeval.evaluation.identity`: a setting, ``prompts``, ``generation_kwargs``, ``task_version``).
@@ -76,7 +81,8 @@ def build_report(
     if cost not in COST_MODES:
         raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
     served = serving.section(list(serve_cost))
-    evals, extra = evaluations.classify(twin, looped, larger)
+    evals, extra = evaluations.classify(twin, looped, larger, allow_subset=allow_subset,
+                                        unfinished_fallback=unfinished_fallback)
     trained = training.pairs_from_paths(list(training_pairs)) + training.pairs_from_evaluations(evals)
     groups = evaluations.group(evals)
     reference = tables.reference(groups, default_scale).run
@@ -115,9 +121,12 @@ def build_report(
         decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_costs=base_costs),
         figure=figure if scale is None else serving.on_wall_clock(figure, scale),
         wall_clock=scale,
-        checks=checks.fairness_checks(evals, groups, intended_differences),
+        checks=checks.fairness_checks(evals, groups, intended_differences, allow_subset=allow_subset),
+        pilot=pilot_label([e.run for e in evals]),
+        unfinished_fallback=unfinished_fallback,
+        fallbacks=_fallbacks(evals),
         runs=[
-            {"name": e.where.name, "path": str(e.where), "setting": evaluations.label(*e.key),
+            {"name": e.where.name, "model": e.run.label, "path": str(e.where), "setting": evaluations.label(*e.key),
              "seed": e.seed, "accuracy": e.run.accuracy(), "cost": e.run.cost(mode=cost) / base_costs[cost]}
             for e in sorted(evals, key=lambda e: (*e.key, e.seed or 0))
         ],
@@ -136,3 +145,18 @@ def build_report(
             raise ValueError(f"fairness check failed: {message}")
         warnings.warn(f"fairness check failed (shown in the report): {message}", stacklevel=2)
     return data
+
+
+def _fallbacks(evals) -> list[dict]:
+    """Per evaluation and task, the GSM8K number-fallback verdicts from responses that did not
+    finish (cut at the budget): how many, and how many were scored right by the paper's rule."""
+    from loopeval.analysis.score_audit import score_audit
+
+    rows = []
+    for e in evals:
+        for task, t in score_audit(e.run).tasks.items():
+            if t.unfinished_fallback or t.untraced:
+                rows.append({"name": e.where.name, "setting": evaluations.label(*e.key), "task": task,
+                             "fallback": t.counts["number_fallback"], "unfinished": t.unfinished_fallback,
+                             "unfinished_right": t.unfinished_fallback_right, "untraced": t.untraced})
+    return rows

@@ -1,10 +1,12 @@
 """Fairness checks: is each comparison of the report a fair one?
 
-A failed check is shown first in the report, warned about, and an error under
-``strict``. The checks: both sides decode with the same shared settings
-(:data:`loopeval.evaluation.trace.SHARED`) and the same rendered prompts, a setting's seeds are
-distinct models, twins share their training manifest apart from the
-loop, every item is covered, and cached looped decoding was checked.
+A failed check is listed under the verdict (which it qualifies), again in the checks
+section, warned about, and an error under ``strict``. The checks: both sides decode with
+the same shared settings (:data:`loopeval.evaluation.trace.SHARED`) and the same rendered
+prompts, a setting's seeds are distinct models, twins share their training manifest apart
+from the loop (a training-free loop, the twin's very weights plus a loop, has no training
+to compare and needs no manifest), every item is covered (a pilot says how many it
+covers), and cached looped decoding was checked.
 """
 
 from __future__ import annotations
@@ -64,14 +66,29 @@ def seed_checks(groups: dict) -> list[Check]:
     return out
 
 
+def training_free(e: Evaluation, evals: list[Evaluation]) -> bool:
+    """Whether looped evaluation ``e`` runs an unlooped evaluation's very weights (same
+    weights fingerprint in the traces): a training-free loop (the report's ‡)."""
+    return e.looped and e.header.weights is not None and any(
+        not t.looped and t.header.weights == e.header.weights for t in evals)
+
+
 def manifest_checks(evals: list[Evaluation]) -> list[Check]:
-    """Looped model and twin of each training variant and seed share their training manifest."""
-    looped = {(e.variant, e.seed): e for e in evals if e.looped and e.manifest}
+    """Looped model and twin of each training variant and seed share their training
+    manifest; a training-free loop passes on its weights fingerprint instead."""
+    free = [e for e in evals if training_free(e, evals)]
+    out = []
+    if free:
+        out.append(Check("training-free loop: the looped model is the twin's own weights", True,
+                         f"{len(free)} looped evaluations carry the twin's weights fingerprint "
+                         f"{free[0].header.weights[:12]}…: nothing was trained, so no training manifest is needed"))
+        if all(training_free(e, evals) for e in evals if e.looped):
+            return out
+    looped = {(e.variant, e.seed): e for e in evals if e.looped and e.manifest and not training_free(e, evals)}
     twins = {(e.variant, e.seed): e for e in evals if not e.looped and e.manifest}
     if not looped and not twins:
         return [Check("twins share their training manifest", False,
                       "no training_manifest.json beside the evaluated checkpoints; twin training cannot be confirmed")]
-    out = []
     for key in sorted(set(looped) | set(twins), key=str):
         name = f"twins share their training manifest ({', '.join(str(k) for k in key if k not in ('', None))})"
         if key not in looped or key not in twins:
@@ -83,12 +100,15 @@ def manifest_checks(evals: list[Evaluation]) -> list[Check]:
     return out
 
 
-def coverage_checks(evals: list[Evaluation]) -> list[Check]:
+def coverage_checks(evals: list[Evaluation], *, allow_subset: bool = False) -> list[Check]:
+    """Every evaluation covers all of its items; a pilot (``allow_subset``) passes and says how many."""
     short = [
         f"{e.where.name}/{t}: {ts.n_effective} of {ts.n_original}"
         for e in evals for t, ts in e.run.tasks.items() if ts.n_effective < ts.n_original
     ]
     n = sum(ts.n for ts in evals[0].run.tasks.values())
+    if short and allow_subset:
+        return [Check("every item covered", True, "a pilot (--allow-subset): " + "; ".join(short))]
     return [Check("every item covered", not short, "; ".join(short) or f"all {n} items in every evaluation")]
 
 
@@ -104,6 +124,7 @@ def cache_checks(evals: list[Evaluation]) -> list[Check]:
                   "; ".join(bad) or "checked on the first batch of every looped evaluation")]
 
 
-def fairness_checks(evals: list[Evaluation], groups: dict, intended=()) -> list[Check]:
+def fairness_checks(evals: list[Evaluation], groups: dict, intended=(), *, allow_subset: bool = False) -> list[Check]:
     """Every check, in the order the report lists them."""
-    return decoding_checks(groups, intended) + seed_checks(groups) + manifest_checks(evals) + coverage_checks(evals) + cache_checks(evals)
+    return (decoding_checks(groups, intended) + seed_checks(groups) + manifest_checks(evals)
+            + coverage_checks(evals, allow_subset=allow_subset) + cache_checks(evals))

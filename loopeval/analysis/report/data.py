@@ -41,6 +41,9 @@ class ReportData:
     wall_clock: float | None = None  # Figure 2 on measured time: looped points x (latency ratio / c)
     strict: bool = False
     notes: list[str] = field(default_factory=list)
+    pilot: str | None = None  # "pilot: n of N items" when built from --limit runs (--allow-subset)
+    unfinished_fallback: str = "credit"  # how number-fallback verdicts of cut responses were scored
+    fallbacks: list[dict] = field(default_factory=list)  # per run and task: fallback verdicts of cut responses
 
     @property
     def other_cost_mode(self) -> str:

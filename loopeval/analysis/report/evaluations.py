@@ -83,11 +83,17 @@ def _tokens(n: float) -> str:
     return f"{n:g}"
 
 
-def describe(source: str | Path | Run | RunSpec) -> Evaluation:
-    """Load (if needed) and classify one run; a run without a trace is refused."""
+def describe(source: str | Path | Run | RunSpec, *, allow_subset: bool = False,
+             unfinished_fallback: str = "credit") -> Evaluation:
+    """Load (if needed) and classify one run; a run without a trace is refused. ``allow_subset``
+    accepts a ``--limit`` run (a pilot); ``unfinished_fallback="wrong"`` reads the run with
+    number-fallback verdicts from unfinished responses counted wrong."""
+    from loopeval.analysis.score_audit import read_runs
+
     spec = source if isinstance(source, RunSpec) else None
     target = spec.path if spec else source
-    run = target if isinstance(target, Run) else load_run(target)
+    run = target if isinstance(target, Run) else load_run(target, allow_subset=allow_subset)
+    run = read_runs({"run": run}, unfinished_fallback)["run"]
     where = run.path.parent if isinstance(target, Run) else Path(target)
     if run.header is None:
         reason = f" ({run.trace_error})" if run.trace_error else ""
@@ -144,18 +150,18 @@ def group(evals: list[Evaluation]) -> dict[tuple[bool, str, str, float], list[Ev
     return dict(groups)
 
 
-def classify(twin: list, looped: list, larger=None) -> tuple[list[Evaluation], Evaluation | None]:
+def classify(twin: list, looped: list, larger=None, **reading) -> tuple[list[Evaluation], Evaluation | None]:
     """Describe every run and check that each is what it was given as: the twin's runs
     unlooped, the looped model's runs looped with one loop, a larger comparator unlooped,
-    no run twice, all on the same tasks."""
-    evals = [describe(r) for r in (*twin, *looped)]
+    no run twice, all on the same tasks. ``reading`` goes to :func:`describe`."""
+    evals = [describe(r, **reading) for r in (*twin, *looped)]
     for e, wanted in zip(evals, [False] * len(twin) + [True] * len(looped)):
         if e.looped != wanted:
             kind = "a loop" if e.looped else "no loop"
             raise ValueError(f"run {e.where}: given as {'looped' if wanted else 'unlooped'} but its trace records {kind}")
     if len({e.variant for e in evals}) == 1:  # one training variant: no label to tell variants apart
         evals = [replace(e, variant="") for e in evals]
-    extra = describe(larger) if larger is not None else None
+    extra = describe(larger, **reading) if larger is not None else None
     if extra is not None and extra.looped:
         raise ValueError(f"run {extra.where}: given as --larger, but its trace records a loop "
                          f"({extra.header.loop['loop']}); the larger comparator is an unlooped model")

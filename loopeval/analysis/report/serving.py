@@ -24,6 +24,9 @@ def section(folders: list[str | Path]) -> list[dict]:
                 "latency_ms": (1e3 * a.latency_s.median, 1e3 * b.latency_s.median),
                 "tokens_per_s": (a.max_throughput, b.max_throughput), "batch": (a.max_batch, b.max_batch),
                 "memory_gb": (a.peak_memory_bytes / 1e9, b.peak_memory_bytes / 1e9), **result.ratios(i),
+                "spread": {k: (v.low, v.high) for k, v in result.ratio_spreads(i).items()},
+                "notes": [c.note for c in result.checks(i) if c.note],
+                "reliable": all(c.reliable for c in result.checks(i)),
             })
     return rows
 

@@ -61,7 +61,10 @@ def reference(groups: dict, default_scale: float) -> Evaluation:
     """Costs are shown relative to the plain twin at the default budget (else any twin there)."""
     keys = sorted((k for k in groups if not k[0] and k[3] == default_scale), key=lambda k: (k[1] != "plain", k[2]))
     if not keys:
-        raise ValueError(f"no unlooped run at the default budget {default_scale:g}×")
+        scales = sorted({k[3] for k in groups if not k[0]})
+        raise ValueError(f"no unlooped run at the default budget {default_scale:g}× (unlooped runs are at "
+                         f"{', '.join(f'{x:g}×' for x in scales) or 'no budget'}); name the default budget with "
+                         "--default-scale")
     return sorted(groups[keys[0]], key=lambda e: (e.seed is None, e.seed or 0))[0]
 
 
@@ -139,15 +142,22 @@ def _finished(run) -> dict[str, float | None]:
     return out
 
 
+def _answered(run) -> dict[str, float | None]:
+    return {task: None if ts.answered is None else float(ts.answered.mean()) for task, ts in run.tasks.items()}
+
+
 def decoding_rows(groups: dict, tasks: list[str], *, default_scale: float, base_costs: dict[str, float]) -> list[dict]:
     """Table 4: per setting at the default budget, accuracy per task and macro, the share
-    of finished answers and the cost relative to the reference in each cost mode."""
+    of responses that finished (ended by end-of-sequence or a stop, from the trace) and
+    that gave a scored answer (from the samples), and the cost relative to the reference
+    in each cost mode."""
     rows = []
     for (lp, cond, variant, scale), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "plain", kv[0][1:])):
         if scale != default_scale:
             continue
         runs = by_seed(members)
         finished = [_finished(r) for r in runs]
+        answered = [_answered(r) for r in runs]
         costs = {}
         for mode, base in base_costs.items():
             try:
@@ -159,6 +169,7 @@ def decoding_rows(groups: dict, tasks: list[str], *, default_scale: float, base_
             "accuracy": {t: float(np.mean([r.tasks[t].accuracy for r in runs])) for t in tasks},
             "macro": float(np.mean([r.accuracy() for r in runs])),
             "finished": {t: _mean_or_none([f[t] for f in finished]) for t in tasks},
+            "answered": {t: _mean_or_none([a[t] for a in answered]) for t in tasks},
             "cost": costs,
             "seeds": len(runs),
         })

@@ -8,6 +8,8 @@ Accuracies are fractions throughout; :mod:`loopeval.analysis.stats.display` form
   cheaper system, chosen once or in every resample;
 * :func:`family_level`: the level of each interval of a Bonferroni family;
 * :func:`mcnemar`: exact test for deterministic, training-free comparisons;
+* :func:`paired_proportions`, :func:`paired_tost`: Tango's score interval and equivalence
+  test for paired 0/1 scores, valid with few items or few discordant items;
 * :func:`holm`: correction across token budgets;
 * :func:`seed_summary`: how many training seeds favour the candidate;
 * :func:`order_interval`: Welch interval over training orders of fixed parents;
@@ -23,6 +25,12 @@ from loopeval.analysis.stats.family import family_level
 from loopeval.analysis.stats.holm import holm
 from loopeval.analysis.stats.mcnemar import McNemarResult, mcnemar
 from loopeval.analysis.stats.order import OrderInterval, order_interval
+from loopeval.analysis.stats.paired_proportions import (
+    PairedEquivalenceResult,
+    PairedProportionsResult,
+    paired_proportions,
+    paired_tost,
+)
 from loopeval.analysis.stats.power import PowerResult, power
 from loopeval.analysis.stats.results import ConfidenceInterval
 from loopeval.analysis.stats.scores import item_scores, macro
@@ -36,6 +44,8 @@ __all__ = [
     "McNemarResult",
     "OrderInterval",
     "PairedBootstrapResult",
+    "PairedEquivalenceResult",
+    "PairedProportionsResult",
     "PowerResult",
     "Resampler",
     "SeedSummary",
@@ -51,6 +61,8 @@ __all__ = [
     "mcnemar",
     "order_interval",
     "paired_bootstrap",
+    "paired_proportions",
+    "paired_tost",
     "power",
     "seed_summary",
     "tost",

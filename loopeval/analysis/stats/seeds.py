@@ -19,7 +19,7 @@ class SeedSummary:
     n: int
 
     def __str__(self) -> str:
-        return f"{self.n} ({self.favour}/{self.n})"
+        return f"{self.favour} of {self.n}"
 
 
 def _by_seed(x, name: str) -> dict[str, np.ndarray]:

@@ -104,6 +104,7 @@ def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
         n_resamples=options.n_resamples, seed=options.seed,
         title=report.get("title") or f"{study.name}: does the loop pay for its compute?",
         strict=report.get("strict", False), intended_differences=study.intended_differences,
+        allow_subset=study.pilot,
     )
     path = write_report(data, study.output / "report.html", latex_tables=report.get("latex", False))
     (study.output / "report.json").write_text(data.to_json())

@@ -48,7 +48,7 @@ def run_lm_eval(model_args: dict, tasks: list[str], output: Path, *, task_manage
 
     tracker = EvaluationTracker(output_path=str(output))
     options = {k: lm_eval[k] for k in ("batch_size", "device", "num_fewshot", "system_instruction",
-                                       "fewshot_as_multiturn", "gen_kwargs") if lm_eval.get(k) is not None}
+                                       "fewshot_as_multiturn", "gen_kwargs", "limit") if lm_eval.get(k) is not None}
     options.setdefault("device", default_device())
     with stderr_to(log):
         results = simple_evaluate(

@@ -17,10 +17,10 @@ from loopeval.analysis.stats.options import STAT_OPTIONS, StatOptions
 
 ROLES = ("twin", "looped", "larger")
 STUDY_KEYS = ("name", "output", "models", "tasks", "include_path", "budgets", "decoding", "lm_eval", "statistics",
-              "report", "intended_differences", "allow_manifest_mismatch")
+              "report", "intended_differences", "allow_manifest_mismatch", "pilot")
 MODEL_KEYS = ("name", "path", "base", "loop", *LOOP_OPTIONS, "role", "seed", "variant", "model_args")
 LM_EVAL_KEYS = ("batch_size", "dtype", "device", "apply_chat_template", "num_fewshot", "system_instruction",
-                "fewshot_as_multiturn", "gen_kwargs", "model_args")
+                "fewshot_as_multiturn", "gen_kwargs", "model_args", "limit")
 STATISTICS_KEYS = (*STAT_OPTIONS, "default_scale")
 REPORT_KEYS = ("title", "sizes", "strict", "latex")
 
@@ -65,6 +65,7 @@ class Study:
     report: dict
     intended_differences: tuple[str, ...]
     allow_manifest_mismatch: bool
+    pilot: bool = False  # lm_eval.limit runs, reported as "pilot: n of N items" with no final verdict
 
 
 class _Where:
@@ -187,6 +188,12 @@ def load_study(path: str | Path) -> Study:
         size = lm_eval["batch_size"]
         if not (isinstance(size, str) and size.startswith("auto")):
             lm_eval["batch_size"] = w.typed("lm_eval.batch_size", as_int, size, minimum=1)
+    pilot = w.typed("pilot", as_bool, raw.get("pilot", False))
+    if "limit" in lm_eval:
+        if not pilot:
+            raise w.error("lm_eval.limit", "a run of a subset of the items is a pilot; set pilot: true")
+        limit = w.typed("lm_eval.limit", as_float, lm_eval["limit"], positive=True)
+        lm_eval["limit"] = int(limit) if limit >= 1 and limit == int(limit) else limit
     report = dict(w.mapping(raw.get("report") or {}, "report", REPORT_KEYS))
     for flag in ("strict", "latex"):
         if flag in report:
@@ -210,6 +217,7 @@ def load_study(path: str | Path) -> Study:
                                                     statistics[f.name]) for f in fields(StatOptions) if f.name in statistics}),
         intended_differences=tuple(str(x) for x in intended),
         allow_manifest_mismatch=w.typed("allow_manifest_mismatch", as_bool, raw.get("allow_manifest_mismatch", False)),
+        pilot=pilot,
     )
 
 
