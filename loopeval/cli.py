@@ -636,8 +636,59 @@ def _demo(args) -> int:
     return 0
 
 
+def _add_import_gguf(sub) -> None:
+    p = sub.add_parser(
+        "import-gguf",
+        help="write a GGUF model file as a float Hugging Face checkpoint folder",
+        description="Dequantises the GGUF file with transformers and saves config, safetensors weights, tokenizer "
+        "and chat template, a folder every loopeval command and lm_eval --model looped take.",
+    )
+    p.add_argument("file", help="the .gguf file")
+    p.add_argument("--out", required=True, help="the checkpoint folder to write (must not exist, or be empty)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weight dtype (default: float32, the dequantised weights exactly)")
+    p.set_defaults(func=_import_gguf)
+
+
+def _import_gguf(args) -> int:
+    from loopeval.gguf import import_gguf
+
+    print(f"wrote {import_gguf(args.file, args.out, dtype=args.dtype)}")
+    return 0
+
+
+def _add_local_tasks(sub) -> None:
+    p = sub.add_parser(
+        "local-tasks",
+        help="write task overrides that read loopeval's tasks from a local copy of their data",
+        description="For every task in tasks/ whose files are under DATA (DATA/<repo>/[<config>/]<split>.jsonl, "
+        ".json, .parquet or .csv, or <split>-*.<ext> shards; see docs/tasks.md), writes a task of the same name "
+        "that reads them. Pass the folder to lm_eval --include_path.",
+    )
+    p.add_argument("--data", required=True, help="the local data folder")
+    p.add_argument("--out", required=True, help="the task folder to write")
+    p.add_argument("--tasks", help="comma-separated task names (default: every task whose data is present)")
+    p.set_defaults(func=_local_tasks)
+
+
+def _local_tasks(args) -> int:
+    from loopeval.local_data import write_local_tasks
+
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    written = write_local_tasks(args.data, args.out, tasks=names)
+    for task, files in written.tasks.items():
+        print(f"{task}: {', '.join(str(f) for f in files)}")
+    for group in written.groups:
+        print(f"{group}: group")
+    for task, why in written.skipped.items():
+        print(f"skipped {task}: {why}")
+    print(f"wrote {args.out}; run lm_eval --include_path {args.out} --tasks ...")
+    return 0
+
+
 _SUBCOMMANDS = [_add_demo, _add_check_cache, _add_place, _add_decontaminate, _add_train, _add_protocol,
-                _add_compare, _add_power, _add_report, _add_serve_cost, _add_score_audit, _add_tasks_path]
+                _add_compare, _add_power, _add_report, _add_serve_cost, _add_score_audit, _add_tasks_path,
+                _add_import_gguf, _add_local_tasks]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -313,18 +313,25 @@ def read_loop_config(path: str | Path) -> LoopConfig | None:
         raise ValueError(f"{file}: not a valid loop configuration ({exc})") from None
 
 
-def check_source(path: str | Path, *, revision: str | None = None, trust_remote_code: bool = False) -> None:
+def check_source(path: str | Path, *, revision: str | None = None, trust_remote_code: bool = False,
+                 gguf_file: str | None = None) -> None:
     """Refuse, before any weights load, a checkpoint that is neither a local folder nor a hub
     model whose config can be read. A path that looks local is named as a missing folder,
-    not as a malformed hub id."""
+    not as a malformed hub id. With ``gguf_file`` (a GGUF file inside the folder, as
+    transformers' ``from_pretrained(path, gguf_file=...)`` takes it) a local folder must
+    hold that file, and it must be GGUF."""
     text = str(path)
     if Path(text).is_dir():
+        if gguf_file is not None:
+            from loopeval.gguf import check_gguf
+
+            check_gguf(Path(text) / gguf_file)
         return
     if text.startswith((".", "/", "~")) or text.count("/") != 1 or "\\" in text:
         raise ValueError(f"{text}: no such local folder (a hub id has the form org/name)")
     from transformers import AutoConfig
 
-    kwargs = {"revision": revision} if revision is not None else {}
+    kwargs = {k: v for k, v in (("revision", revision), ("gguf_file", gguf_file)) if v is not None}
     try:
         AutoConfig.from_pretrained(text, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError) as exc:
@@ -335,7 +342,7 @@ def check_source(path: str | Path, *, revision: str | None = None, trust_remote_
 def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | None = None,
                  beta: float | None = None, mix: float | None = None, mix_source: str | None = None,
                  arg_prefix: str = "", revision: str | None = None,
-                 trust_remote_code: bool = False) -> LoopConfig | None:
+                 trust_remote_code: bool = False, gguf_file: str | None = None) -> LoopConfig | None:
     """The loop to apply to ``source``: a checkpoint path or hub id, a model, or a model config.
 
     The one rule for every entry point (``load_model``, lm-eval's ``looped``, training,
@@ -344,10 +351,11 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | 
     and giving ``loop`` as well is an error; otherwise ``loop`` with its options is the
     loop, checked against the source's layer count. Nothing but the config is read, so
     a bad spec fails before any weights load. Option names in errors carry
-    ``arg_prefix`` (lm-eval's args are ``loop_operator`` ...).
+    ``arg_prefix`` (lm-eval's args are ``loop_operator`` ...). ``gguf_file``: the source
+    is that GGUF file in the folder ``source`` (its config is read from the file).
     """
     if isinstance(source, (str, Path)):
-        check_source(source, revision=revision, trust_remote_code=trust_remote_code)
+        check_source(source, revision=revision, trust_remote_code=trust_remote_code, gguf_file=gguf_file)
     options = {"operator": operator, "beta": beta, "mix": mix, "mix_source": mix_source}
     if loop is None:
         given = [f"{arg_prefix}{k}" for k, v in options.items() if v is not None]
@@ -367,7 +375,8 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, operator: str | 
             f"({LOOP_CONFIG_NAME}); drop loop={loop!s} or load the base checkpoint"
         )
     wanted = LoopConfig(loop, operator or "repeat", 0.0 if beta is None else beta, mix, mix_source or "window")
-    return wanted.validate(count_layers(source, revision=revision, trust_remote_code=trust_remote_code))
+    return wanted.validate(count_layers(source, revision=revision, trust_remote_code=trust_remote_code,
+                                        gguf_file=gguf_file))
 
 
 def count_layers(source, **config_kwargs) -> int:
