@@ -400,7 +400,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise ValueError(
             f"unsupported architecture {type(model).__name__}: loopeval loops decoders whose layers "
-            "are an nn.ModuleList at model.model.layers (Llama, Qwen2/3, Mistral, Qwen3.5, Qwen3-Next)"
+            "are an nn.ModuleList at model.model.layers (Llama, Qwen2/3, Mistral, Qwen3.5, Qwen3-Next, Gemma 3)"
         )
     return layers
 
