@@ -158,3 +158,17 @@ def test_local_tasks_refusals(tmp_path):
     with pytest.raises(ValueError, match="is there as jsonl and parquet; keep one format"):
         write_local_tasks(tmp_path / "data", tmp_path / "out", tasks=["gsm8k_nll"])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_writes_the_overrides_and_names_what_it_skipped(tmp_path, capsys):
+    from loopeval.cli import main
+
+    folder = tmp_path / "data" / "gsm8k" / "main"
+    folder.mkdir(parents=True)
+    shutil.copyfile(FIXTURE, folder / "test.jsonl")
+    assert main(["local-tasks", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "tasks")]) == 0
+    out = capsys.readouterr().out
+    assert f"gsm8k_nll: {(folder / 'test.jsonl').resolve()}" in out
+    assert "skipped math500_boxed: no " in out and "MATH-500/test.<jsonl|json|parquet|csv>" in out
+    assert sorted(p.name for p in (tmp_path / "tasks").glob("*.yaml")) == [
+        "gsm8k_boxed.yaml", "gsm8k_boxed_think.yaml", "gsm8k_nll.yaml"]

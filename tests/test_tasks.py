@@ -19,6 +19,7 @@ from lm_eval.loggers import EvaluationTracker
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import make_table
 
+from loopeval.local_data import local_task
 from loopeval.paths import tasks_path
 
 TASKS = tasks_path()
@@ -38,33 +39,18 @@ FIXTURE_FILES = {
 FIXTURE_FILES |= {f"{task}_think": name for task, name in FIXTURE_FILES.items() if task.endswith("_boxed")}
 
 
-class _IgnoreTags(yaml.SafeLoader):
-    """Reads lm-eval YAML without resolving ``!function`` tags."""
-
-
-_IgnoreTags.add_multi_constructor("!", lambda loader, suffix, node: None)
-
-
 def local_tasks(folder: Path, data_files: dict[str, Path]) -> Path:
     """Write into ``folder`` one YAML per task that includes loopeval's YAML of the same name
-    and reads ``data_files[task]`` (JSON lines) instead of the hub dataset; return ``folder``.
+    and reads ``data_files[task]`` (JSON lines) instead of the hub dataset
+    (:func:`loopeval.local_data.local_task`); return ``folder``.
 
     Pass ``[tasks_path(), folder]`` as lm-eval's include path: the later folder wins, so
     loopeval's groups pick up the local tasks.
     """
     folder.mkdir(parents=True, exist_ok=True)
     for task, data in data_files.items():
-        source = TASKS / f"{task}.yaml"
-        split = yaml.load(source.read_text(), Loader=_IgnoreTags)["test_split"]
-        cache = folder.with_name(f"{folder.name}_hf")
-        override = {
-            "include": str(source),
-            "task": task,
-            "dataset_path": "json",
-            "dataset_name": None,
-            "dataset_kwargs": {"data_files": {split: str(data)}, "cache_dir": str(cache)},
-        }
-        (folder / f"{task}.yaml").write_text(yaml.safe_dump(override))
+        config = local_task(task, "json", [data], cache_dir=folder.with_name(f"{folder.name}_hf"))
+        (folder / f"{task}.yaml").write_text(yaml.safe_dump(config))
     return folder
 
 
