@@ -117,13 +117,11 @@ def test_lower_nll_is_better_in_the_paired_tests(setup):
 def test_local_tasks_read_the_local_files_under_the_same_names(setup):
     root, written = setup
     assert sorted(written.tasks) == ["gsm8k_boxed", "gsm8k_nll"]
-    manager = TaskManager(include_path=[str(root / "tasks")], include_defaults=False)
     for task in written.tasks:
-        config = manager.task_index[task].cfg if hasattr(manager.task_index[task], "cfg") else None
         text = yaml.safe_load((root / "tasks" / f"{task}.yaml").read_text())
-        assert text["dataset_path"] == "json"
+        assert text["include"] == str(tasks_path() / f"{task}.yaml") and text["task"] == task
+        assert text["dataset_path"] == "json" and text["dataset_name"] is None
         assert text["dataset_kwargs"]["data_files"] == {"test": [str((root / "data/gsm8k/main/test.jsonl").resolve())]}
-        assert config is None or config["dataset_path"] == "json"
 
 
 def test_every_task_has_a_local_layout_and_groups_follow_their_tasks(tmp_path):

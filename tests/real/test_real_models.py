@@ -56,13 +56,21 @@ def _evaluate(model: str, pretrained, tasks_folder, tasks, **model_args):
         batch_size=8, bootstrap_iters=0, log_samples=True)
 
 
-def test_looped_without_a_loop_equals_hf_on_real_gsm8k(smollm2, local_gsm8k):
+TASKS = ["gsm8k_boxed", "gsm8k_nll"]
+
+
+@pytest.fixture(scope="module")
+def hf_run(smollm2, local_gsm8k):
+    """``--model hf`` on both tasks, shared by the tests that compare with it."""
+    return _evaluate("hf", smollm2, local_gsm8k, TASKS)
+
+
+def test_looped_without_a_loop_equals_hf_on_real_gsm8k(smollm2, local_gsm8k, hf_run):
     """8 real GSM8K questions in SmolLM2's chat template: the same prompts, the same
     generations (12 tokens) and the same log-likelihoods of the reference solutions."""
-    tasks = ["gsm8k_boxed", "gsm8k_nll"]
-    hf = _evaluate("hf", smollm2, local_gsm8k, tasks)
-    looped = _evaluate("looped", smollm2, local_gsm8k, tasks, check_cache=False)
-    for task in tasks:
+    hf = hf_run
+    looped = _evaluate("looped", smollm2, local_gsm8k, TASKS, check_cache=False)
+    for task in TASKS:
         a = sorted(hf["samples"][task], key=lambda s: s["doc_id"])
         b = sorted(looped["samples"][task], key=lambda s: s["doc_id"])
         assert len(a) == len(b) == 8
@@ -72,11 +80,10 @@ def test_looped_without_a_loop_equals_hf_on_real_gsm8k(smollm2, local_gsm8k):
         assert [s["resps"] for s in a] == [s["resps"] for s in b]
 
 
-def test_nll_task_equals_a_hand_computation_on_the_real_model(smollm2, local_gsm8k):
+def test_nll_task_equals_a_hand_computation_on_the_real_model(smollm2, hf_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    result = _evaluate("hf", smollm2, local_gsm8k, ["gsm8k_nll"])
-    samples = sorted(result["samples"]["gsm8k_nll"], key=lambda s: s["doc_id"])[:2]
+    samples = sorted(hf_run["samples"]["gsm8k_nll"], key=lambda s: s["doc_id"])[:2]
     tok = AutoTokenizer.from_pretrained(smollm2)
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     for s, row in zip(samples, ROWS):
