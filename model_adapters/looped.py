@@ -221,14 +221,14 @@ class LoopedLM(HFLM):
             check_compile_backend(kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(pretrained, str):
             try:
-                check_source(pretrained)
+                check_source(pretrained, gguf_file=kwargs.get("gguf_file"))
             except ValueError as exc:
                 raise ValueError(f"looped: pretrained={exc}") from None
         # The loop is checked against the config before HFLM loads any weights.
         self.loop = resolve_loop(
             pretrained, args.loop, **{name: getattr(args, f"loop_{name}") for name in LOOP_OPTIONS},
             arg_prefix="loop_", revision=kwargs.get("revision"),
-            trust_remote_code=kwargs.get("trust_remote_code", False),
+            trust_remote_code=kwargs.get("trust_remote_code", False), gguf_file=kwargs.get("gguf_file"),
         )
         if args.exit_after is not None:
             if self.loop is None:

@@ -91,6 +91,21 @@ def process_results_gsm8k_think(doc: dict, results: list) -> dict:
     return _results(doc, results, number_fallback=True, thinking=True)
 
 
+def process_gsm8k_nll(dataset):
+    """GSM8K with ``solution``, the reference solution as the boxed task asks for it
+    (:func:`loopeval.evaluation.scoring.gsm8k_solution`), the text ``gsm8k_nll`` scores."""
+    return dataset.map(_gsm8k_nll_doc)
+
+
+def process_results_nll(doc: dict, results: list) -> dict:
+    """``gsm8k_nll``'s per-item scores: the negative log-likelihood of ``doc["solution"]``
+    given the prompt, in nats per UTF-8 byte of the solution (lower is better); the summed
+    log-likelihood and the byte count beside it."""
+    loglikelihood, _ = results[0]
+    size = len(doc["solution"].encode("utf-8"))
+    return {"nll_per_byte": -loglikelihood / size, "loglikelihood": loglikelihood, "solution_bytes": size}
+
+
 def not_aggregated(items: list) -> None:
     """Aggregation of ``extracted``: none; the answers are read per sample in ``samples_*.jsonl``."""
     return None
@@ -103,6 +118,10 @@ def count(items: list) -> int:
 
 def _gsm8k_doc(doc: dict) -> dict:
     return {"query": doc["question"], "gold": scoring.gsm8k_gold(doc["answer"])}
+
+
+def _gsm8k_nll_doc(doc: dict) -> dict:
+    return {**_gsm8k_doc(doc), "solution": scoring.gsm8k_solution(doc["answer"])}
 
 
 def _math500_doc(doc: dict) -> dict:

@@ -15,6 +15,7 @@ from torch import nn
 
 from loopeval import LoopSpec
 from loopeval.common.paths import tasks_path
+from loopeval.evaluation.local_data import local_task
 
 
 TASKS = tasks_path()
@@ -40,24 +41,16 @@ class _IgnoreTags(yaml.SafeLoader):
 
 def local_tasks(folder: Path, data_files: dict[str, Path]) -> Path:
     """Write into ``folder`` one YAML per task that includes loopeval's YAML of the same name
-    and reads ``data_files[task]`` (JSON lines) instead of the hub dataset; return ``folder``.
+    and reads ``data_files[task]`` (JSON lines) instead of the hub dataset
+    (:func:`loopeval.evaluation.local_data.local_task`); return ``folder``.
 
     Pass ``[tasks_path(), folder]`` as lm-eval's include path: the later folder wins, so
     loopeval's groups pick up the local tasks.
     """
     folder.mkdir(parents=True, exist_ok=True)
     for task, data in data_files.items():
-        source = TASKS / f"{task}.yaml"
-        split = yaml.load(source.read_text(), Loader=_IgnoreTags)["test_split"]
-        cache = folder.with_name(f"{folder.name}_hf")
-        override = {
-            "include": str(source),
-            "task": task,
-            "dataset_path": "json",
-            "dataset_name": None,
-            "dataset_kwargs": {"data_files": {split: str(data)}, "cache_dir": str(cache)},
-        }
-        (folder / f"{task}.yaml").write_text(yaml.safe_dump(override))
+        config = local_task(task, "json", [data], cache_dir=folder.with_name(f"{folder.name}_hf"))
+        (folder / f"{task}.yaml").write_text(yaml.safe_dump(config))
     return folder
 
 

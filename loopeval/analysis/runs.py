@@ -39,7 +39,9 @@ class TaskScores:
 
     ``scores[i]`` is the metric of item ``doc_ids[i]`` (the mean of a list-valued metric).
     ``trace[i]`` holds the item's cost-trace records (empty where none joined); ``trace``
-    is ``None`` when no trace covers the task.
+    is ``None`` when no trace covers the task. ``higher_is_better`` is the metric's
+    direction as lm-eval reports it (``False`` for ``gsm8k_nll``'s ``nll_per_byte``);
+    ``scores`` are as reported, and :func:`pair_runs` orients them.
     """
 
     task: str
@@ -57,6 +59,7 @@ class TaskScores:
     clusters: tuple | None = None  # per-item cluster ids (load_run's cluster_field)
     answered: np.ndarray | None = None  # per item, share of responses with a scored answer (boxed-answer tasks)
     foreign_traces: Mapping[tuple, str] = None  # keys of traces written outside this run -> why
+    higher_is_better: bool = True
 
     @property
     def n(self) -> int:
@@ -399,6 +402,10 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
             "every evaluation must cover all of its items (a pilot: --allow-subset)"
         )
     key = _metric_key(task, results["results"].get(task, {}), metric)
+    direction = results.get("higher_is_better", {}).get(task, {}).get(key.split(",", 1)[0], True)
+    if direction is None:
+        raise ValueError(f"{results_file}: task {task}: metric {key} has no direction (higher_is_better: null), "
+                         "so it cannot be compared; pick another metric")
     samples_path = results_file.with_name(f"samples_{task}_{_stamp(results_file)}.jsonl")
     if not samples_path.exists():
         raise ValueError(
@@ -441,6 +448,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         clusters=clusters,
         foreign_traces=foreign,
         answered=None if any(r["answered"] is None for r in recs) else np.array([r["answered"] for r in recs]),
+        higher_is_better=bool(direction),
     )
 
 
@@ -506,7 +514,12 @@ def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str 
 
 @dataclass(frozen=True, eq=False)
 class PairedRuns:
-    """Runs aligned item by item: ``scores[system][task]`` is ``(n_items, n_seeds)``."""
+    """Runs aligned item by item: ``scores[system][task]`` is ``(n_items, n_seeds)``.
+
+    Scores are oriented so that higher is better: a task whose metric is lower-is-better
+    (``higher_is_better[task]`` is ``False``, e.g. ``gsm8k_nll``'s NLL) enters negated,
+    so every difference candidate − baseline is positive when the candidate is better,
+    and the paired bootstrap, TOST and both tests read it the right way round."""
 
     systems: tuple[str, ...]
     tasks: tuple[str, ...]
@@ -514,6 +527,7 @@ class PairedRuns:
     scores: Mapping[str, Mapping[str, np.ndarray]]
     runs: Mapping[str, tuple[Run, ...]]
     clusters: Mapping[str, tuple] | None = None  # per task, the item clusters all runs agree on
+    higher_is_better: Mapping[str, bool] | None = None  # per task, the metric's direction (None: all higher)
 
     def resampler(self, *, n_resamples: int = DEFAULTS.n_resamples, seed: int = 0) -> Resampler:
         """Shared bootstrap resamples for every comparison among these runs (seeds averaged per
@@ -573,8 +587,16 @@ def pair_runs(runs: Mapping[str, Run | Sequence[Run]], *, tasks: Sequence[str] |
         theirs = {t: run.tasks[t].clusters for t in selected if run.tasks[t].clusters is not None}
         if theirs and theirs != clusters:
             raise ValueError(f"{first_label} and {label} cluster the items differently; load both with one cluster_field")
+    direction = {t: first.tasks[t].higher_is_better for t in selected}
+    for label, run in labelled[1:]:
+        odd = [t for t in selected if run.tasks[t].higher_is_better != direction[t]]
+        if odd:
+            raise ValueError(f"task {odd[0]}: {first_label} and {label} score it with metrics of opposite direction "
+                             f"({first.tasks[odd[0]].metric} and {run.tasks[odd[0]].metric})")
+    sign = {t: 1.0 if up else -1.0 for t, up in direction.items()}
     scores = {
-        name: {t: np.column_stack([r.tasks[t].scores for r in rs]) for t in selected} for name, rs in seeds.items()
+        name: {t: sign[t] * np.column_stack([r.tasks[t].scores for r in rs]) for t in selected}
+        for name, rs in seeds.items()
     }
     return PairedRuns(
         systems=tuple(seeds),
@@ -583,6 +605,7 @@ def pair_runs(runs: Mapping[str, Run | Sequence[Run]], *, tasks: Sequence[str] |
         scores=scores,
         runs=seeds,
         clusters=clusters or None,
+        higher_is_better=direction,
     )
 
 

@@ -9,7 +9,7 @@ import sys
 from importlib import import_module
 
 SUBCOMMANDS = ("demo", "check_cache", "place", "decontaminate", "train", "protocol", "compare", "power", "report",
-               "serve_cost", "score_audit", "tasks_path")
+               "serve_cost", "score_audit", "tasks_path", "import_gguf", "local_tasks")
 """In the order ``loopeval --help`` lists them."""
 
 

@@ -33,11 +33,14 @@ def load_model(
     The loop is the checkpoint's own (``loop_config.json``) or ``loop`` with its options,
     by :func:`loopeval.core.loop.resolve_loop`: giving ``loop`` for a checkpoint that already
     has one is a ``ValueError``, and the spec is checked against the config before any
-    weights load.
+    weights load. ``gguf_file=NAME`` loads the GGUF file ``NAME`` in the folder ``path``
+    (transformers dequantises it at every load; :func:`loopeval.core.gguf.import_gguf` saves
+    it once as a float checkpoint).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "trust_remote_code") if k in from_pretrained_kwargs}
+    config_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "trust_remote_code", "gguf_file")
+                     if k in from_pretrained_kwargs}
     wanted = resolve_loop(path, loop, operator=operator, beta=beta, mix=mix, mix_source=mix_source, **config_kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, **config_kwargs)

@@ -21,7 +21,13 @@ expert. The attention term is
 
 Extra passes add KV cache per token (attention call sites, whole-layer or
 attention-only) and recurrent plus convolution state per sequence (Gated DeltaNet call
-sites); an MLP-only pass adds no cache.
+sites); an MLP-only pass adds no cache. A sliding-window call site (Gemma 3's local
+layers, Mistral, Qwen's sliding layers) holds at most ``window`` tokens of KV, so its
+cache stops growing at its window: :meth:`LoopCost.kv_bytes` counts ``min(T, window)``
+tokens for it, ``kv_bytes_per_token`` is the growth while every window is still
+filling and ``kv_bytes_per_token_past_window`` the growth once all have filled (full
+attention only). Bytes per element are the model's dtype's (a config's ``dtype``,
+float32 when it names none), unless given.
 """
 
 from __future__ import annotations
@@ -63,8 +69,8 @@ class LoopCost:
     a float: a sub-layer block pass is half a layer pass) and ``multiplier`` its
     c = passes / base_passes. ``layer_params`` are each layer's stored parameters and
     ``active_layer_params`` those a token multiplies by (they differ for MoE layers).
-    FLOP figures are forward FLOPs; ``bytes_per_element`` (the model's dtype, from
-    :func:`loop_cost`) sizes the caches.
+    FLOP figures are forward FLOPs; ``bytes_per_element`` (the model's dtype) sizes the
+    caches, and a sliding-window call site's KV cache is bounded by its window.
     """
 
     spec: LoopSpec
@@ -132,12 +138,43 @@ class LoopCost:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes added per token, over all call sites."""
+        """KV-cache bytes added per token over all call sites while every sliding window
+        is still filling (context below the smallest window); an upper bound beyond it."""
         return self.bytes_per_element * sum(c.kv_elems_per_token for c in self._cached())
 
     @property
     def base_kv_bytes_per_token(self) -> int:
         return self.bytes_per_element * sum(c.kv_elems_per_token for c in self._layers)
+
+    @property
+    def kv_bytes_per_token_past_window(self) -> int:
+        """KV-cache bytes added per token once every sliding window has filled: the
+        full-attention call sites' only (equal to ``kv_bytes_per_token`` without sliding layers)."""
+        return self.bytes_per_element * sum(c.kv_elems_per_token for c in self._cached() if not c.window)
+
+    def kv_bytes(self, context_length) -> float | np.ndarray:
+        """KV-cache bytes held at context length T (scalar or array): T tokens per
+        full-attention call site and ``min(T, window)`` per sliding-window one. (HF's
+        dynamic sliding cache keeps ``window - 1`` tokens between steps and attends over
+        ``window`` with the current one; a static sliding cache preallocates ``window``.)"""
+        return self._kv_bytes(self._cached(), context_length)
+
+    def base_kv_bytes(self, context_length) -> float | np.ndarray:
+        """The same for the unlooped model."""
+        return self._kv_bytes(self._layers, context_length)
+
+    def _kv_bytes(self, layers, context_length) -> float | np.ndarray:
+        t = np.asarray(context_length, dtype=np.float64)
+        total = np.zeros_like(t)
+        for c in layers:
+            total += c.kv_elems_per_token * (np.minimum(t, c.window) if c.window else t)
+        total *= self.bytes_per_element
+        return float(total) if total.ndim == 0 else total
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The sliding window of the model's sliding-window layers, or ``None`` without any."""
+        return next((c.window for c in self._layers if c.window), None)
 
     @property
     def state_bytes_per_sequence(self) -> int:
@@ -159,6 +196,9 @@ class LoopCost:
             "active_layer_params": sum(self.active_layer_params),
             "head_params": self.head_params,
             "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token_past_window": self.kv_bytes_per_token_past_window,
+            "sliding_window": self.sliding_window,
+            "bytes_per_element": self.bytes_per_element,
             "state_bytes_per_sequence": self.state_bytes_per_sequence,
         }
 
@@ -240,25 +280,25 @@ def _layer_costs(config, layers) -> list[_LayerCost]:
     return out
 
 
-def _element_size(model_or_config) -> int:
-    """Bytes per element of the model's dtype, where the KV cache and state are kept."""
+def _itemsize(model_or_config) -> int:
+    """Bytes per element of a model's parameters, or of a config's ``dtype`` (float32,
+    what ``from_config`` builds, when the config names none)."""
     if isinstance(model_or_config, torch.nn.Module):
-        dtype = next((p.dtype for p in model_or_config.parameters() if p.is_floating_point()), None)
-    else:
-        dtype = getattr(model_or_config, "dtype", None) or getattr(model_or_config, "torch_dtype", None)
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype, None)
-    return (dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()).itemsize
+        return next(model_or_config.parameters()).element_size()
+    cfg = _text_config(model_or_config)
+    dtype = getattr(cfg, "dtype", None) or getattr(model_or_config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else 4
 
 
 def loop_cost(model_or_config, spec: str | LoopSpec | None, *, bytes_per_element: int | None = None) -> LoopCost:
     """The cost of looping the unlooped ``model_or_config`` (a model, or its config, which
     is instantiated on the meta device to count parameters) with ``spec`` (``None``: no loop).
-    ``bytes_per_element`` sizes the cache; by default the model's dtype (its first floating
-    parameter; for a config, its ``dtype``, else torch's default dtype)."""
-    if bytes_per_element is None:
-        bytes_per_element = _element_size(model_or_config)
+    ``bytes_per_element`` sizes the caches; default: the model's dtype (:func:`_itemsize`)."""
     spec = LoopSpec.parse(spec) if spec is not None else LoopSpec(())
+    if bytes_per_element is None:
+        bytes_per_element = _itemsize(model_or_config)
     if isinstance(model_or_config, torch.nn.Module):
         model = model_or_config
     else:

@@ -49,18 +49,25 @@ from torch import nn
 from loopeval.core.spec import LOOP_CONFIG_NAME, LOOP_OPTIONS, LoopConfig, LoopSpec, Window, read_loop_config
 
 
-def check_source(path: str | Path, *, revision: str | None = None, trust_remote_code: bool = False) -> None:
+def check_source(path: str | Path, *, revision: str | None = None, trust_remote_code: bool = False,
+                 gguf_file: str | None = None) -> None:
     """Refuse, before any weights load, a checkpoint that is neither a local folder nor a hub
     model whose config can be read. A path that looks local is named as a missing folder,
-    not as a malformed hub id."""
+    not as a malformed hub id. With ``gguf_file`` (a GGUF file inside the folder, as
+    transformers' ``from_pretrained(path, gguf_file=...)`` takes it) a local folder must
+    hold that file, and it must be GGUF."""
     text = str(path)
     if Path(text).is_dir():
+        if gguf_file is not None:
+            from loopeval.core.gguf import check_gguf
+
+            check_gguf(Path(text) / gguf_file)
         return
     if text.startswith((".", "/", "~")) or text.count("/") != 1 or "\\" in text:
         raise ValueError(f"{text}: no such local folder (a hub id has the form org/name)")
     from transformers import AutoConfig
 
-    kwargs = {"revision": revision} if revision is not None else {}
+    kwargs = {k: v for k, v in (("revision", revision), ("gguf_file", gguf_file)) if v is not None}
     try:
         AutoConfig.from_pretrained(text, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError) as exc:
@@ -69,7 +76,8 @@ def check_source(path: str | Path, *, revision: str | None = None, trust_remote_
 
 
 def resolve_loop(source, loop: str | LoopSpec | None = None, *, arg_prefix: str = "", revision: str | None = None,
-                 trust_remote_code: bool = False, **options) -> LoopConfig | None:
+                 trust_remote_code: bool = False, gguf_file: str | None = None,
+                 **options) -> LoopConfig | None:
     """The loop to apply to ``source``: a checkpoint path or hub id, a model, or a model config.
 
     The one rule for every entry point (``load_model``, lm-eval's ``looped``, training,
@@ -79,10 +87,11 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, arg_prefix: str 
     loop, checked against the source's layer count. Nothing but the config is read, so
     a bad spec fails before any weights load. Option names in errors carry
     ``arg_prefix`` (lm-eval's args are ``loop_operator`` ...). ``options`` are the loop
-    options (:data:`loopeval.core.spec.LOOP_OPTIONS`; ``None`` means not given).
+    options (:data:`loopeval.core.spec.LOOP_OPTIONS`; ``None`` means not given). ``gguf_file``:
+    the source is that GGUF file in the folder ``source`` (its config is read from the file).
     """
     if isinstance(source, (str, Path)):
-        check_source(source, revision=revision, trust_remote_code=trust_remote_code)
+        check_source(source, revision=revision, trust_remote_code=trust_remote_code, gguf_file=gguf_file)
     unknown = sorted(set(options) - set(LOOP_OPTIONS))
     if unknown:
         raise ValueError(f"unknown loop option(s) {', '.join(arg_prefix + k for k in unknown)}")
@@ -114,7 +123,8 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, arg_prefix: str 
             f"({LOOP_CONFIG_NAME}); drop loop={loop!s} or load the base checkpoint"
         )
     wanted = LoopConfig.from_options(loop, **options)
-    return wanted.validate(count_layers(source, revision=revision, trust_remote_code=trust_remote_code))
+    return wanted.validate(count_layers(source, revision=revision, trust_remote_code=trust_remote_code,
+                                        gguf_file=gguf_file))
 
 
 def count_layers(source, **config_kwargs) -> int:
@@ -138,7 +148,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise ValueError(
             f"unsupported architecture {type(model).__name__}: loopeval loops decoders whose layers "
-            "are an nn.ModuleList at model.model.layers (Llama, Qwen2/3, Mistral, Qwen3.5, Qwen3-Next)"
+            "are an nn.ModuleList at model.model.layers (Llama, Qwen2/3, Mistral, Qwen3.5, Qwen3-Next, Gemma 3)"
         )
     return layers
 

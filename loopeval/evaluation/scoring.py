@@ -177,6 +177,23 @@ def extract_answer(response: str, *, number_fallback: bool = False, thinking: bo
     return _extract(response, number_fallback=number_fallback, thinking=thinking)[0]
 
 
+GSM8K_ANSWER_LINE = "The final answer is \\boxed{{{answer}}}."
+"""How :func:`gsm8k_solution` writes a GSM8K reference's ``#### N`` line: the boxed form
+the task's instruction asks for."""
+
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+
+
+def gsm8k_solution(solution: str) -> str:
+    """A GSM8K reference solution as the boxed task asks a model to write it: the
+    calculator annotations (``<<48/2=24>>``, the dataset's tool calls, never part of a
+    model's text) removed, and the final ``#### N`` line replaced by
+    ``The final answer is \\boxed{N}.`` (``N`` as :func:`gsm8k_gold` reads it)."""
+    answer = gsm8k_gold(solution)
+    steps = _CALCULATOR.sub("", solution.rpartition("####")[0]).rstrip()
+    return f"{steps}\n{GSM8K_ANSWER_LINE.format(answer=answer)}"
+
+
 def gsm8k_gold(solution: str) -> str:
     """The reference number of a GSM8K solution: the text after ``####``, without commas."""
     _, sep, tail = solution.rpartition("####")

@@ -603,7 +603,7 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     if sizes == "auto":
         chosen = []
         for (_, model, _), cost in zip(loaded, costs):
-            row = cost.kv_bytes_per_token * (prompt_tokens + new_tokens) + cost.state_bytes_per_sequence
+            row = cost.kv_bytes(prompt_tokens + new_tokens) + cost.state_bytes_per_sequence
             chosen.append(_auto_batch(meter, model, new_tokens, cache_bytes_per_row=row))
             bar.update(1)
         per_model = [sorted({1, b}) for b in chosen]

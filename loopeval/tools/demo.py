@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from loopeval.common.paths import tasks_path
+from loopeval.evaluation.local_data import local_task
 
 TASK = "arith_boxed"
 LOOP = "2:4x2"  # 6 layers -> 8 passes, c = 1.33
@@ -61,14 +61,8 @@ def _task_folder(out: Path, test_file: Path) -> Path:
     """A task that is loopeval's ``gsm8k_boxed`` (prompt, scoring) on the local test split."""
     folder = out / "tasks"
     folder.mkdir(parents=True, exist_ok=True)
-    config = {
-        "include": str(tasks_path() / "gsm8k_boxed.yaml"),
-        "task": TASK,
-        "dataset_path": "json",
-        "dataset_name": None,
-        "dataset_kwargs": {"data_files": {"test": str(test_file)}, "cache_dir": str(out / "hf_cache")},
-        "generation_kwargs": {"until": [], "do_sample": False, "temperature": 0.0, "max_gen_toks": BUDGET},
-    }
+    config = local_task("gsm8k_boxed", "json", [test_file], cache_dir=out / "hf_cache", name=TASK,
+                        generation_kwargs={"until": [], "do_sample": False, "temperature": 0.0, "max_gen_toks": BUDGET})
     (folder / f"{TASK}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return folder
 

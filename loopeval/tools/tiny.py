@@ -65,13 +65,15 @@ def tiny_tokenizer(texts: Iterable[str] | None = None, *, vocab_size: int = 512)
     return fast
 
 
-ARCHITECTURES = ("qwen3", "llama", "qwen3_5", "qwen3_sliding", "qwen2", "mistral", "qwen3_next")
+ARCHITECTURES = ("qwen3", "llama", "qwen3_5", "qwen3_sliding", "qwen2", "mistral", "qwen3_next", "gemma3")
 
 
 def tiny_config(arch: str = "qwen3", *, vocab_size: int = 512, num_layers: int = 6, hidden: int = 64, **overrides):
     """A small config of a real architecture. ``qwen3_5`` and ``qwen3_next`` are the hybrid
     Gated DeltaNet models (``qwen3_next`` with mixture-of-experts MLPs); ``mistral`` and
-    ``qwen3_sliding`` have sliding-window attention (window 8)."""
+    ``qwen3_sliding`` have sliding-window attention (window 8); ``gemma3`` is Gemma 3's
+    text model with sliding-window layers (window 4) and a global layer every third
+    (layers 2, 5, ..., as the real models' every sixth)."""
     common = dict(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -129,6 +131,12 @@ def tiny_config(arch: str = "qwen3", *, vocab_size: int = 512, num_layers: int =
         from transformers import Qwen3_5TextConfig
 
         cfg = Qwen3_5TextConfig(**gated_deltanet, **common)
+    elif arch == "gemma3":
+        from transformers import Gemma3TextConfig
+
+        types = ["full_attention" if i % 3 == 2 else "sliding_attention" for i in range(num_layers)]
+        cfg = Gemma3TextConfig(head_dim=hidden // 4, query_pre_attn_scalar=hidden // 4, sliding_window=4,
+                               layer_types=types, **common)
     else:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     for key, value in overrides.items():

@@ -39,6 +39,12 @@ def _file(tmp: Path) -> Path:
     return tmp / "a_file"
 
 
+def _gguf(tmp: Path) -> Path:
+    """A file with GGUF's magic bytes (the refusal of a non-empty --out comes before any reading)."""
+    (tmp / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    return tmp / "m.gguf"
+
+
 REPORT = ["report", "--twin", str(RUNS / "twin"), "--looped", str(RUNS / "looped")]
 
 # id: (argv, or a function of a temporary folder returning argv; the message, a regex; exit status)
@@ -74,6 +80,16 @@ TABLE = {
     "report-json-is-out": (lambda tmp: [*REPORT, "--out", str(tmp / "r.html"), "--json", str(tmp / "r.html")],
                            r"--json .*r.html is also --out", 2),
     "power-bad-delta": (["power", str(RUNS / "twin"), str(RUNS / "looped"), "--delta", "2"], r"delta must be a fraction in \(-1, 1\), got 2.0 \(fractions, not points", 2),
+    "import-gguf-missing": (lambda tmp: ["import-gguf", str(tmp / "no.gguf"), "--out", str(tmp / "out")],
+                            r"no.gguf: no such GGUF file", 2),
+    "import-gguf-not-gguf": (lambda tmp: ["import-gguf", str(_file(tmp)), "--out", str(tmp / "out")],
+                             r"a_file: not a GGUF file \(it starts with b'x', not b'GGUF'\)", 2),
+    "import-gguf-out-not-empty": (lambda tmp: ["import-gguf", str(_gguf(tmp)), "--out", str(_file(tmp).parent)],
+                                  r"exists and is not an empty folder; choose another --out", 2),
+    "local-tasks-no-data": (lambda tmp: ["local-tasks", "--data", str(tmp), "--out", str(tmp / "t")],
+                            r"holds no task's files; e.g. GSM8K is DATA/gsm8k/main/test", 2),
+    "local-tasks-missing-task-data": (lambda tmp: ["local-tasks", "--data", str(tmp), "--out", str(tmp / "t"),
+                                                   "--tasks", "gsm8k_nll"], r"task gsm8k_nll: no .*gsm8k/main/test", 2),
 }
 
 

@@ -19,6 +19,7 @@ SPECS = {
     "qwen2": "0:2x2+3:4x3",
     "mistral": "2:4x2",
     "qwen3_next": "2:4x3",
+    "gemma3": "1:4x2+4:6x3",  # sliding 1, global 2, sliding 3; then sliding 4 and global 5, three times
 }
 
 

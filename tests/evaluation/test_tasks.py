@@ -300,6 +300,7 @@ CANONICAL = {  # task -> (dataset_path, dataset_name, test_split)
     "commonsenseqa_letter": ("tau/commonsense_qa", None, "validation"),
 }
 CANONICAL |= {f"{task}_think": source for task, source in CANONICAL.items() if task.endswith("_boxed")}
+CANONICAL["gsm8k_nll"] = CANONICAL["gsm8k_boxed"]
 BUDGETS = {"gsm8k_boxed": 768, "gsm8k_boxed_think": 4096, "math500_boxed": 2048}
 
 

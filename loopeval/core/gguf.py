@@ -1,0 +1,85 @@
+"""GGUF files as ordinary float checkpoints: ``loopeval import-gguf``.
+
+transformers reads a GGUF file with ``from_pretrained(folder, gguf_file=name)`` and
+dequantises its weights to float, but the model it returns is marked as quantised
+("quantized with gguf and is not serializable"), so ``save_pretrained`` refuses it.
+:func:`import_gguf` rebuilds the model from its config without the GGUF marks, loads the
+dequantised state dict into it and saves a plain checkpoint folder (config, safetensors
+weights, tokenizer, chat template if the file has one, generation config), which
+``load_model``, ``lm_eval --model looped``, ``place``, ``train`` and ``serve-cost`` take
+like any other. The weights are exactly the dequantised ones at ``dtype="float32"``
+(transformers' own GGUF load), rounded once at ``bfloat16``/``float16``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+GGUF_MAGIC = b"GGUF"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_gguf(file: str | Path) -> Path:
+    """``file`` as a path, or ``ValueError`` if it is missing or not a GGUF file (its first
+    four bytes are not ``GGUF``)."""
+    path = Path(file)
+    if not path.is_file():
+        raise ValueError(f"{file}: no such GGUF file")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ValueError(f"{file}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+    return path
+
+
+def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") -> Path:
+    """Write the model in the GGUF ``file`` as a float Hugging Face checkpoint folder ``out``.
+
+    Refused before any loading: a missing file, a file that is not GGUF, an unknown
+    ``dtype`` and an ``out`` that exists and is not empty. The folder is written beside
+    ``out`` and renamed into place, so a failed import leaves no partial checkpoint.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = check_gguf(file).resolve()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: exists and is not an empty folder; choose another --out")
+    folder, name = path.parent, path.name
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    config = loaded.config
+    for attr in ("quantization_config", "gguf_file"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    config.dtype = dtype
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{file}: the rebuilt model does not take the GGUF weights "
+                         f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    model = model.to(getattr(torch, dtype)).eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's folder is private; a checkpoint is an ordinary folder
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
