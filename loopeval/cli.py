@@ -466,6 +466,9 @@ def _add_serve_cost(sub) -> None:
     p.add_argument("--model", action="append", required=True, help="checkpoint folder or hub id (repeatable; the "
                    "first is the baseline)")
     p.add_argument("--loop", help="loop spec for a single --model, e.g. 8:16x2")
+    p.add_argument("--operator", default=None, choices=["repeat", "damped"],
+                   help="the loop's operator (default: damped, as place searches)")
+    p.add_argument("--beta", type=float, default=None, help="the damped operator's anchor beta (default 0)")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--batch-sizes", type=_batch_sizes, default="auto",
@@ -482,7 +485,7 @@ def _add_serve_cost(sub) -> None:
 def _serve_cost(args) -> int:
     from loopeval.serving import serve_cost
 
-    result = serve_cost(args.model, loop=args.loop, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+    result = serve_cost(args.model, loop=args.loop, operator=args.operator, beta=args.beta, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile, cache=args.cache,
                         device=args.device, dtype=args.dtype, out=args.out)
     print(result.to_text())

@@ -117,11 +117,15 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     if out.exists() and any(out.iterdir()) and not (out / "demo.json").is_file():
         raise ValueError(f"{out} exists and is not a loopeval demo folder; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    from loopeval.threads import configure_threads
+
+    threads = configure_threads(hidden_size=spec.hidden)
     for name in ("lm-eval", "lm_eval", "transformers", "datasets"):
         logging.getLogger(name).setLevel(logging.ERROR)
     start = time.time()
     torch.manual_seed(seed)
 
+    _say(f"torch threads: {threads.threads} ({threads.reason})")
     _say(f"1/5 synthetic task: {spec.n_train} training and {spec.n_test} test problems")
     train, test = make_splits(spec.n_train, spec.n_test, seed=seed)
     train_file, test_file = write_splits(out / "data", train, test)

@@ -205,6 +205,9 @@ class LoopedLM(HFLM):
             template_args["enable_thinking"] = as_bool("enable_thinking", kwargs.pop("enable_thinking"))
             kwargs["chat_template_args"] = template_args
         super().__init__(pretrained, **kwargs)
+        from loopeval.threads import configure_threads
+
+        self.threads = configure_threads(self.model)
         if self.loop is not None and loop_config(self.model) is None:
             apply_loop(self.model, self.loop)
         self.args = args

@@ -12,12 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from loopeval.loop import OPERATORS, LoopConfig, LoopSpec
+from loopeval.loop import DEFAULT_OPERATOR, OPERATORS, LoopConfig, LoopSpec
 
 DEFAULT_WIDTHS = tuple(range(2, 9))
 DEFAULT_TIMES = (2, 3, 4)
 DEFAULT_BETAS = (0.0, 0.25, 0.5)
-DEFAULT_OPERATOR = "damped"
 MLP_LOOP_TIMES = 3
 """"plus one MLP loop (K=3) at its first layer" (paper A.1)."""
 

@@ -175,6 +175,9 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
 
         model, _ = load_model(model, dtype=getattr(torch, dtype) if dtype else "auto")
         model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from loopeval.threads import configure_threads
+
+    configure_threads(model)
     layers = decoder_layers(model)
     if mlp_loop:
         check_sub_layer_support(layers, LoopSpec.parse(f"0:{num_layers}x2/mlp"))

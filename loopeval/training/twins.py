@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loopeval.loop import LoopConfig, LoopSpec, resolve_loop
+from loopeval.threads import configure_threads
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
 from loopeval.training.recipes import Recipe, make_recipe
@@ -77,6 +78,7 @@ def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: st
     out = Path(out)
     _check_out(out, overwrite)
     looped = _resolve(base, loop, operator, beta, mix, mix_source)
+    configure_threads(base)
     (recipe,), rows, held = _prepare(base, data, heldout, [looped], config, keep_adapters)
     return train_one(base, rows, held, recipe.loop, out, config, recipe, accelerator=accelerator, progress=progress,
                      keep_adapters=keep_adapters)
@@ -97,6 +99,7 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     looped = _resolve(base, loop, operator, beta, mix, mix_source)
     if looped is None:
         raise ValueError("train_twins needs a loop; train_model(..., loop=None) trains a twin alone")
+    configure_threads(base)
     (twin_recipe, looped_recipe), rows, held = _prepare(base, data, heldout, [None, looped], config, keep_adapters)
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
     twin = train_one(base, rows, held, None, out / TWIN, config, twin_recipe, **options)
