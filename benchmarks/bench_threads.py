@@ -6,7 +6,8 @@ Qwen3 exactly as ``loopeval demo`` does (``--size``), then times ``train_model``
 twin for ``--steps`` steps (the demo trains ``SIZES[size].steps`` per model). The
 environment is a new user's: no ``OMP_NUM_THREADS``. Policies:
 
-* ``old``: torch's default (one thread per core), what loopeval did before;
+* ``old``: torch's default (one thread per core), what loopeval did before (the worker
+  gets ``LOOPEVAL_THREADS`` = the core count, which the policy honours);
 * ``new``: ``loopeval.threads.configure_threads`` as the demo calls it.
 
 The competitor is one process running float32 matrix products with torch's default
@@ -46,7 +47,7 @@ def worker(size: str, steps: int, policy: str, root: Path) -> dict:
     from loopeval.threads import configure_threads
 
     spec = SIZES[size]
-    choice = configure_threads(hidden_size=spec.hidden).to_dict() if policy == "new" else None
+    choice = configure_threads(hidden_size=spec.hidden).to_dict()
     import torch
 
     from loopeval.checkpoint import save_model
@@ -69,8 +70,10 @@ def worker(size: str, steps: int, policy: str, root: Path) -> dict:
     return {"seconds": time.perf_counter() - start, "threads": torch.get_num_threads(), "choice": choice}
 
 
-def _env() -> dict:
+def _env(policy: str | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LOOPEVAL_THREADS")}
+    if policy == "old":
+        env["LOOPEVAL_THREADS"] = str(os.cpu_count() or 1)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -82,7 +85,7 @@ def measure(args, policy: str, loaded: bool, root: Path) -> dict:
         time.sleep(2.0)
     try:
         out = subprocess.run([sys.executable, __file__, "--worker", policy, "--size", args.size, "--steps",
-                              str(args.steps), "--root", str(root)], env=_env(), capture_output=True, text=True)
+                              str(args.steps), "--root", str(root)], env=_env(policy), capture_output=True, text=True)
     finally:
         if competitor is not None:
             competitor.kill()
