@@ -85,7 +85,7 @@ def measure(args, policy: str, loaded: bool, root: Path) -> dict:
         time.sleep(2.0)
     try:
         out = subprocess.run([sys.executable, __file__, "--worker", policy, "--size", args.size, "--steps",
-                              str(args.steps), "--root", str(root)], env=_env(policy), capture_output=True, text=True)
+                              str(args.steps), "--root", str(root)], env=_env(policy), capture_output=True, text=True, check=False)
     finally:
         if competitor is not None:
             competitor.kill()

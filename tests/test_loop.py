@@ -105,7 +105,7 @@ def test_bad_options():
     with pytest.raises(ValueError, match="unknown"):
         apply_loop(model, "1:3x2", operator="cubic")
     with pytest.raises(ValueError, match="only the 'damped'"):
-        apply_loop(model, "1:3x2", beta=0.5)
+        apply_loop(model, "1:3x2", operator="repeat", beta=0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         apply_loop(model, "1:3x2", operator="damped", beta=1.5)
     apply_loop(model, "1:3x2")
@@ -153,7 +153,7 @@ def test_looped_equals_unrolled(arch):
     reference = unrolled_copy(model, spec)
     params = [p.data_ptr() for p in model.parameters()]
     keys = list(model.state_dict())
-    apply_loop(model, spec)
+    apply_loop(model, spec, operator="repeat")
     assert [p.data_ptr() for p in model.parameters()] == params
     assert list(model.state_dict()) == keys
     assert sum(p.numel() for p in reference.parameters()) > sum(p.numel() for p in model.parameters())
@@ -188,7 +188,7 @@ def test_sub_layer_loop_equals_unrolled(arch, spec):
     ids, mask = _batch()
     with torch.no_grad():
         base = model(ids, attention_mask=mask).logits
-        apply_loop(model, spec)
+        apply_loop(model, spec, operator="repeat")
         looped = model(ids, attention_mask=mask).logits
         unrolled = reference(ids, attention_mask=mask).logits
         kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
@@ -322,7 +322,7 @@ def test_mix_operator():
 
     with torch.no_grad():
         expected = _manual(model, ids, (1, 5), mixed)
-        apply_loop(model, "1:5x3", mix=0.7)
+        apply_loop(model, "1:5x3", operator="repeat", mix=0.7)
         got = model(ids).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
