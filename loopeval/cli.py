@@ -435,7 +435,7 @@ def _add_place(sub) -> None:
 
 def _place(args) -> int:
     from loopeval.placement import place
-    from loopeval.placement.report import format_correlations, format_table
+    from loopeval.placement.report import format_correlations, format_table, handoff
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "model", "data", "out", "top")}
     if "correlate" in options:
@@ -446,6 +446,7 @@ def _place(args) -> int:
         print(format_correlations(list(result.correlations)))
     print(f"{result.scored} candidates scored in {result.wall_s:.1f} s ({result.layer_passes:.1f} layer passes per "
           f"text position); wrote {result.out / 'placements.jsonl'} and {result.out / 'placement.html'}")
+    print(handoff(result, args.model))
     return 0
 
 

@@ -184,10 +184,12 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     start = time.time()
     torch.manual_seed(seed)
 
+    phases = {}
     _say(f"torch threads: {threads.threads} ({threads.reason})")
     _say(f"1/5 synthetic task: {spec.n_train} training and {spec.n_test} test problems")
     train, test = make_splits(spec.n_train, spec.n_test, seed=seed)
     train_file, test_file = write_splits(out / "data", train, test)
+    phases["data"] = time.time() - start
 
     if trained:
         _say("2/5 and 3/5: the base and both trained models are kept from an earlier run with these settings")
@@ -195,19 +197,21 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     else:
         twin_path, looped_path = _train(out, spec, train, train_file, seed=seed, recipe=recipe)
         _mark(out, settings, status="trained")
+    phases["train"] = time.time() - start - sum(phases.values())
 
     task_folder = _task_folder(out, test_file)
     study = write_study(out, task_folder, twin_path, looped_path)
     _say(f"4/5 {2 * 2 * len(SCALES)} lm-eval runs of the study {study} (lm-eval's logs: {out / 'logs'})")
     _say(f"    twin and looped x budgets {', '.join(f'{s:g}x' for s in SCALES)}, budget forcing off and on")
     result = run_study(study)
+    phases["evaluate and report"] = time.time() - start - sum(phases.values())
     if result.report is None:
         raise RuntimeError(f"the demo's evaluations failed: {'; '.join(result.failed)} (logs in {out / 'logs'})")
 
     _say("5/5 statistics and the report")
     data = json.loads((out / "report.json").read_text())
     report = result.report
-    _mark(out, settings, status="done", seconds=time.time() - start)
+    _mark(out, settings, status="done", seconds=time.time() - start, phases=phases, threads=threads.to_dict())
     chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
     for row in data["decoding"]:
         _say(f"  {row['setting']:24s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")
@@ -215,5 +219,6 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     for cond in data["conditions"]:
         for sentence in cond["verdict"]["sentences"]:
             _say(f"  [{cond['label']}] {sentence}")
-    _say(f"done in {time.time() - start:.0f} s; open {report}")
+    _say(f"done in {time.time() - start:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in phases.items())}); "
+         f"open {report}")
     return report

@@ -401,3 +401,28 @@ def test_bootstrap_interval_matches_exact_enumeration():
     assert got.ratio == pytest.approx(math.exp((nll.sum() - base.sum()) / tokens.sum()))
     same = ppl_interval(base, tokens, base)
     assert tuple(same.ratio_interval) == (1.0, 1.0) and not same.distinguishable
+
+
+# -- one loop from placement to evaluation -----------------------------------------------
+
+
+def test_best_loop_is_handed_over_whole(text, tmp_path):
+    """The best candidate's loop_config.json and printed lm_eval / serve-cost arguments give
+    back exactly the loop that was scored (operator and beta included), and a spec given
+    alone gets the operator place searches with."""
+    from loopeval.loop import LoopConfig, read_loop_config, resolve_loop
+    from loopeval.placement.report import handoff
+
+    model, tok = model_of(), word_tokenizer()
+    result = place(model, text, tokenizer=tok, out=tmp_path, starts=[2], **{**SMALL, "betas": [0.25, 0.5]})
+    best = result.ranked()[0]
+    scored = LoopConfig(best.loop, best.operator, best.beta)
+    assert read_loop_config(tmp_path) == scored
+    lines = handoff(result, "CKPT").splitlines()
+    args = dict(kv.split("=", 1) for kv in lines[1].split("--model_args ")[1].split(","))
+    assert args["pretrained"] == "CKPT"
+    assert resolve_loop(model, args["loop"], operator=args["loop_operator"], beta=float(args["loop_beta"])) == scored
+    flags = lines[2].split()
+    assert (flags[flags.index("--loop") + 1], flags[flags.index("--operator") + 1],
+            float(flags[flags.index("--beta") + 1])) == (best.loop, best.operator, best.beta)
+    assert resolve_loop(model, "2:4x2").operator == build_grid(6)[0].operator == "damped"

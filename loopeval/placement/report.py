@@ -66,6 +66,22 @@ def format_table(result, top: int | None = 20) -> str:
     return "\n".join(lines)
 
 
+def handoff(result, model: str) -> str:
+    """The best candidate as the commands that evaluate and serve exactly that loop
+    (spec, operator and beta), for the checkpoint ``model``."""
+    best = next(iter(result.ranked()), None)
+    if best is None:
+        return "no candidate scored"
+    beta = "" if best.operator == "repeat" else f",loop_beta={best.beta:g}"
+    serve_beta = "" if best.operator == "repeat" else f" --beta {best.beta:g}"
+    return "\n".join([
+        f"best by {result.rank_by}: {best.loop} ({best.operator}, beta {best.beta:g}); its loop_config.json is "
+        f"{result.out / 'loop_config.json'}",
+        f"  lm_eval --model looped --model_args pretrained={model},loop={best.loop},loop_operator={best.operator}{beta}",
+        f"  loopeval serve-cost --model {model} --loop {best.loop} --operator {best.operator}{serve_beta} --out serve",
+    ])
+
+
 def format_correlations(correlations: list[Correlation]) -> str:
     return "\n".join(f"Spearman rho(accuracy, -{c.metric}) = {c.statistic:+.3f} (p = {c.pvalue:.3g}, n = {c.n})"
                      for c in correlations)

@@ -271,6 +271,9 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     from loopeval.placement.report import write_html
 
     write_html(result, out / "placement.html", list(correlations))
+    best = next(iter(result.ranked()), None)
+    if best is not None:  # the best loop, whole, as a checkpoint's loop_config.json holds it
+        (out / "loop_config.json").write_text(json.dumps(_candidate(best).loop().to_dict(), indent=2) + "\n")
     return result
 
 
@@ -279,7 +282,7 @@ def _duration(seconds: float) -> str:
 
 
 def _candidate(row: PlacementRow) -> Candidate:
-    return Candidate(row.start, row.width, row.times, row.operator, row.beta)
+    return Candidate(row.start, row.width, row.times, row.operator, row.beta, row.mlp_loop)
 
 
 class _Search:
