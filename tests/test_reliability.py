@@ -66,6 +66,9 @@ TABLE = {
                                      r"base: no such local folder \(a hub id has the form org/name\)", 2),
     "check-cache-missing-model": (["check-cache", "--model", "ckpt/looped"],
                                   r"ckpt/looped: neither a local folder nor a hub model whose config can be read", 2),
+    "serve-cost-operator-without-loop": (lambda tmp: ["serve-cost", "--model", str(tmp), "--operator", "damped",
+                                                      "--out", str(tmp / "serve")],
+                                         r"--operator/--beta given without --loop", 2),
     "power-bad-delta": (["power", str(RUNS / "twin"), str(RUNS / "looped"), "--delta", "2"], r"delta must be a fraction in \(-1, 1\), got 2.0 \(fractions, not points", 2),
 }
 
