@@ -87,6 +87,7 @@ def _ints(text: str) -> list[int]:
 def real(args) -> None:
     from loopeval.checkpoint import load_model
     from loopeval.loop import count_layers
+    from loopeval.placement import search
     from loopeval.placement.text import load_text
 
     model, tokenizer = load_model(args.real)
@@ -98,6 +99,8 @@ def real(args) -> None:
     text = load_text(args.data, tokenizer, seq_len=args.seq_len, max_tokens=args.tokens)
     forward = [_plain_forward(model, text, args.batch_tokens)]
     work = Path(tempfile.mkdtemp(prefix="bench_place_real_"))
+    if args.refit_head:  # the search before issue 26: the LM head re-applied at every Newton step of a fit
+        search.FIT_LOGITS_MEMORY = 0
     start = time.perf_counter()
     result = place(model, args.data, out=work / "out", tokenizer=tokenizer, widths=widths, times=times, betas=betas,
                    starts=starts,
@@ -126,6 +129,8 @@ def main() -> None:
     parser.add_argument("--times", default="2,3,4")
     parser.add_argument("--betas", default="0,0.25,0.5")
     parser.add_argument("--starts", help="with --real: window starts, e.g. 8,12,16 (default: every layer)")
+    parser.add_argument("--refit-head", action="store_true",
+                        help="with --real: apply the LM head at every Newton step of each fit, as before issue 26")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=128)

@@ -270,7 +270,12 @@ def test_outputs(text, tmp_path):
                           "temperature", "kl", "tokens"}
     assert [r.kl for r in result.ranked()] == sorted(r.kl for r in result.rows if r.loop)
     table = format_table(result, top=5).splitlines()
-    assert "unlooped" in table[1] and len(table) == 1 + 1 + 5 + 1
+    assert "unlooped" in table[1] and len(table) == 1 + 1 + 5 + 2
+    looped = result.ranked()
+    better = sum(r.ratio_ci[1] < 1 for r in looped)
+    worse = sum(r.ratio_ci[0] > 1 for r in looped)
+    assert table[-1].startswith(f"{better} candidate(s) have a PPL_T distinguishably below the unlooped model's, "
+                                f"{worse} above, {len(looped) - better - worse} are not distinguishable")
     page = (tmp_path / "placement.html").read_text()
     assert page.count("<svg") == 1 and not re.search(r"(src|href)=[\"']https?:|<script|<link", page)  # self-contained
     assert page.count("<tr") == 1 + len(result.rows)
@@ -426,3 +431,25 @@ def test_best_loop_is_handed_over_whole(text, tmp_path):
     assert (flags[flags.index("--loop") + 1], flags[flags.index("--operator") + 1],
             float(flags[flags.index("--beta") + 1])) == (best.loop, best.operator, best.beta)
     assert resolve_loop(model, "2:4x2").operator == build_grid(6)[0].operator == "damped"
+
+
+def test_location_profile_clips_catastrophic_windows(text, tmp_path):
+    """Windows at layer 1 made 50x worse than the unlooped model: the axis still spans the
+    others (relative to unlooped, in %), and the clipped points are counted."""
+    import dataclasses
+
+    from loopeval.placement.report import CLIP, location_profile_svg, profile_lines
+
+    model, tok = model_of(), word_tokenizer()
+    result = place(model, text, tokenizer=tok, out=tmp_path, starts=[1, 2, 3], **SMALL)
+    rows = list(result.rows)
+    rows = [dataclasses.replace(r, ppl_t=50 * result.unlooped.ppl_t) if r.start == 1 else r for r in rows]
+    broken = dataclasses.replace(result, rows=tuple(rows))
+    lines = profile_lines(broken)
+    assert max(v for line in lines.values() for v in line.values()) == pytest.approx(50.0)
+    inside = sorted(v for line in lines.values() for v in line.values() if v <= CLIP)
+    assert inside and inside[-1] < 1.1  # the other windows stay readable on the clipped axis
+    svg = location_profile_svg(broken)
+    clipped = sum(v > CLIP for line in lines.values() for v in line.values())
+    assert clipped == len(SMALL["widths"]) * len(SMALL["times"])  # one per (width, K) line at start 1
+    assert f"{clipped} point(s) above +25%" in svg and "50x the unlooped" in svg
