@@ -92,7 +92,7 @@ def test_smoothing_keeps_every_step_training_even_under_collapse():
 def test_record_iterates_equals_the_unrolled_copy(tokenizer):
     base = tiny_model("qwen3", vocab_size=len(tokenizer))
     unrolled = unrolled_copy(base, "1:4x3")
-    model = apply_loop(base, "1:4x3")
+    model = apply_loop(base, "1:4x3", operator="repeat")
     ids = _ids(tokenizer)
     with torch.no_grad(), record_iterates(model) as recorded:
         model(ids)
@@ -120,9 +120,9 @@ def test_embedding_source_mixing_equals_a_hand_computation(tokenizer):
             return h
 
         expected = _manual(model, ids, (2, 4), step)
-        apply_loop(model, "2:4x3", mix=1.5, mix_source="embedding")
+        apply_loop(model, "2:4x3", operator="repeat", mix=1.5, mix_source="embedding")
         got = model(ids).logits
-        window_mixed = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), "2:4x3", mix=1.5)(ids).logits
+        window_mixed = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), "2:4x3", operator="repeat", mix=1.5)(ids).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert (got - window_mixed).abs().max() > 1e-3  # the window's input is not the embedding
     assert check_cache(model, tokenizer, max_new_tokens=12).ok
@@ -130,7 +130,7 @@ def test_embedding_source_mixing_equals_a_hand_computation(tokenizer):
 
 def test_step_losses_are_the_loss_at_each_depth(tokenizer):
     """LoopConvertModel's per-step NLL at step t is the NLL of the same loop run t times."""
-    model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), LoopConfig("0:6x3", mix=4.6, mix_source="embedding"))
+    model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), LoopConfig("0:6x3", "repeat", mix=4.6, mix_source="embedding"))
     module = LoopConvertModel(model, mix_init=4.6, seed=0)
     ids = _ids(tokenizer)
     out = module(ids, labels=ids)
@@ -143,7 +143,7 @@ def test_step_losses_are_the_loss_at_each_depth(tokenizer):
 
 
 def test_learned_mix_gets_a_gradient_and_round_trips(tokenizer, tmp_path):
-    model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), LoopConfig("0:6x3", mix=4.6, mix_source="embedding"))
+    model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), LoopConfig("0:6x3", "repeat", mix=4.6, mix_source="embedding"))
     module = LoopConvertModel(model, mix_init=4.6, seed=0)
     assert not any(p is module.mix or p is module.gate.linear.weight for p in model.parameters())  # kept outside
     ids = _ids(tokenizer)
@@ -172,7 +172,7 @@ def test_learned_mix_gets_a_gradient_and_round_trips(tokenizer, tmp_path):
 def test_old_loop_configs_still_load(tmp_path):
     config = LoopConfig.from_dict({"loop": "1:3x2", "operator": "repeat", "beta": 0.0, "mix": 2.0})
     assert config.mix_source == "window" and "mix_source" not in config.to_dict()
-    embedding = LoopConfig("1:3x2", mix=2.0, mix_source="embedding")
+    embedding = LoopConfig("1:3x2", "repeat", mix=2.0, mix_source="embedding")
     assert LoopConfig.from_dict(embedding.to_dict()) == embedding
 
 
@@ -246,7 +246,7 @@ def test_exit_after_equals_the_loop_run_k_steps(pair, tokenizer):
     _, looped = pair
     lm = LoopedLM(pretrained=str(looped.path), exit_after=2, device="cpu", batch_size=2)
     stored = loop_config(load_model(looped.path)[0])
-    assert lm.loop == LoopConfig("0:6x2", mix=stored.mix, mix_source="embedding")
+    assert lm.loop == LoopConfig("0:6x2", "repeat", mix=stored.mix, mix_source="embedding")
     reference, _ = load_model(looped.path)  # 0:6x3: read its second step's output
     ids = _ids(tokenizer)
     with torch.no_grad(), record_iterates(reference) as recorded:
@@ -328,7 +328,7 @@ def test_cache_check_accepts_a_correct_loop_that_drifts(tokenizer):
     model = tiny_model("qwen3", vocab_size=len(tokenizer))
     with torch.no_grad():
         model.lm_head.weight.mul_(20000.0)
-    apply_loop(model, "0:6x3", mix=4.6, mix_source="embedding")
+    apply_loop(model, "0:6x3", operator="repeat", mix=4.6, mix_source="embedding")
     absolute = check_cache(model, tokenizer, max_new_tokens=12, rtol=0.0)
     assert not absolute.ok and absolute.max_abs_diff > 1e-3  # the old criterion rejects it
     result = check_cache(model, tokenizer, max_new_tokens=12)
@@ -385,7 +385,7 @@ def test_lm_eval_cli_exit_after_equals_the_loop_saved_at_k(pair, tmp_path):
     _, looped = pair
     model, tok = load_model(looped.path)
     stored = loop_config(model)
-    save_model(apply_loop(remove_loop(model), LoopConfig("0:6x2", mix=stored.mix, mix_source="embedding")), tok,
+    save_model(apply_loop(remove_loop(model), LoopConfig("0:6x2", "repeat", mix=stored.mix, mix_source="embedding")), tok,
                tmp_path / "x2")
     rows = [{"question": q, "answer": "7"} for q in ("What is 3 + 4?", "2 + 2 =", "A box holds 8 eggs; 3 boxes?")]
     write_generate_task(tmp_path / "tasks", "tiny_gen", rows, max_gen_toks=12)

@@ -24,7 +24,7 @@ def test_passes_equal_the_unrolled_schedule(arch, spec, deeper):
         k = int(deeper.split("x")[-1])
         reference = unrolled_copy(model, deeper)(ids, use_cache=False).logits
         own = unrolled_copy(model, spec)(ids, use_cache=False).logits
-        apply_loop(model, spec)
+        apply_loop(model, spec, operator="repeat")
         with loop_passes(model, k):
             deep = model(ids, use_cache=False).logits
         with loop_disabled(model):
@@ -36,7 +36,7 @@ def test_passes_equal_the_unrolled_schedule(arch, spec, deeper):
 
 
 def test_nested_blocks_restore_the_outer_depth_and_gradients_flow():
-    model = apply_loop(tiny_model("qwen3"), "1:3x2")
+    model = apply_loop(tiny_model("qwen3"), "1:3x2", operator="repeat")
     ids = _ids(1)
     with loop_passes(model, 3):
         with loop_disabled(model):
@@ -65,7 +65,7 @@ def test_bad_depths_are_named():
     with pytest.raises(ValueError, match="has no loop"):
         with loop_passes(model, 2):
             pass
-    apply_loop(model, "1:3x2")
+    apply_loop(model, "1:3x2", operator="repeat")
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="integer >= 1"):
             with loop_passes(model, bad):
@@ -73,7 +73,7 @@ def test_bad_depths_are_named():
     with pytest.raises(ValueError, match="use_cache=False"), torch.no_grad():
         with loop_passes(model, 3):
             model(_ids(), use_cache=True)
-    flat = apply_loop(tiny_model("qwen3"), "1:3x1+4:5x2")
+    flat = apply_loop(tiny_model("qwen3"), "1:3x1+4:5x2", operator="repeat")
     with pytest.raises(ValueError, match="K = 1"):
         with loop_passes(flat, 2):
             pass
