@@ -362,6 +362,21 @@ def test_another_search_in_the_folder_is_refused(text, tmp_path):
         place(_no_forward(model), text, tokenizer=tok, out=tmp_path, **{**SMALL, "seq_len": 32})
 
 
+def test_changed_settings_are_refused_before_the_weights_load(text, tmp_path, monkeypatch):
+    import loopeval.checkpoint
+    from loopeval.checkpoint import save_model
+
+    save_model(model_of(), word_tokenizer(), tmp_path / "model")
+    place(str(tmp_path / "model"), text, out=tmp_path / "out", **{**SMALL, "widths": [2], "times": [2], "betas": [0.0]})
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the settings were checked")
+
+    monkeypatch.setattr(loopeval.checkpoint, "load_model", no_load)
+    with pytest.raises(ValueError, match="seq_len: 16 there, 32 now"):
+        place(str(tmp_path / "model"), text, out=tmp_path / "out", **{**SMALL, "seq_len": 32})
+
+
 # -- the command line ---------------------------------------------------------------
 
 
