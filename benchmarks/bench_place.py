@@ -8,12 +8,24 @@ analytic count, and the two ratios. Then a projection for Qwen3-8B's 2,016-confi
 grid (see docs/benchmarks.md for the assumption).
 
     python benchmarks/bench_place.py [--threads 2] [--repeats 2] [--hidden 128] [--tokens 1024]
+
+``--real CHECKPOINT --data TEXT.jsonl`` measures a real model instead: a grid of
+``--widths``/``--times``/``--betas`` (every start) scored by ``place`` on ``--tokens``
+tokens of ``--seq-len``, and, side by side in the same run (before and after, the faster
+kept), a plain forward of the same rows: the decoder's layers (time per layer pass) and
+the LM head over the same positions. The ratio is the search's wall time over the time
+of the layer passes it executed in a plain forward (issue 26: at most 1.5); the second
+ratio also charges the plain forwards one LM head per candidate.
+
+    python benchmarks/bench_place.py --real /tmp/smollm2 --data gsm8k_text.jsonl --tokens 2048 \
+        --seq-len 1024 --batch-tokens 2048 --widths 4 --times 2,3 --betas 0,0.25 --starts 8,12,16,20 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -44,8 +56,81 @@ def qwen3_8b_config():
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
 
 
+def _plain_forward(model, text, batch_tokens: int) -> tuple[float, float]:
+    """Seconds for the decoder's layers on every row of ``text`` (val and test, in place's
+    batches) and for the LM head on their scored positions."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    rows = torch.cat([text.val.ids, text.test.ids])
+    labels = torch.cat([text.val.labels, text.test.labels])
+    per = max(1, batch_tokens // rows.shape[1])
+    layers = head = 0.0
+    with torch.no_grad():
+        for i in range(0, rows.shape[0], per):
+            t = time.perf_counter()
+            h = decoder(input_ids=rows[i:i + per], use_cache=False).last_hidden_state
+            layers += time.perf_counter() - t
+            t = time.perf_counter()
+            model.get_output_embeddings()(h[:, :-1][labels[i:i + per, 1:] != -100])
+            head += time.perf_counter() - t
+    return layers, head
+
+
+def _ints(text: str) -> list[int]:
+    """``"2,4"`` or ``"2-8"``."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def real(args) -> None:
+    from loopeval.core.checkpoint import load_model
+    from loopeval.core.loop import count_layers
+    from loopeval.tools.placement import search
+    from loopeval.tools.placement.text import load_text
+
+    model, tokenizer = load_model(args.real)
+    model.eval()
+    n = count_layers(model)
+    widths, times, starts = _ints(args.widths), _ints(args.times), _ints(args.starts) if args.starts else None
+    betas = [float(b) for b in args.betas.split(",")]
+    grid = build_grid(n, widths=widths, times=times, betas=betas, starts=starts)
+    text = load_text(args.data, tokenizer, seq_len=args.seq_len, max_tokens=args.tokens)
+    forward = [_plain_forward(model, text, args.batch_tokens)]
+    work = Path(tempfile.mkdtemp(prefix="bench_place_real_"))
+    if args.refit_head:  # the search before issue 26: the LM head re-applied at every Newton step of a fit
+        search.FIT_LOGITS_MEMORY = 0
+    start = time.perf_counter()
+    result = place(model, args.data, out=work / "out", tokenizer=tokenizer, widths=widths, times=times, betas=betas,
+                   starts=starts,
+                   seq_len=args.seq_len, max_tokens=args.tokens, batch_tokens=args.batch_tokens, progress=False)
+    wall = time.perf_counter() - start
+    forward.append(_plain_forward(model, text, args.batch_tokens))
+    layers, head = min(f[0] for f in forward), min(f[1] for f in forward)
+    per_pass = layers / n
+    passes = result.layer_passes
+    print(f"{args.real}: {n} layers, {len(grid)} candidates, {result.text['rows']} rows x {args.seq_len} tokens "
+          f"({result.text['val_tokens']} validation, {result.text['test_tokens']} test), "
+          f"{torch.get_num_threads()} threads, load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"plain forward of the same rows: {layers:.2f} s for {n} layers ({per_pass * 1000:.0f} ms per layer pass), "
+          f"LM head {head:.2f} s ({head / per_pass:.1f} layer passes)")
+    print(f"search: {wall:.1f} s, {wall / (len(grid) + 1):.2f} s per candidate; {passes:.1f} layer passes per text "
+          f"position executed ({passes / (len(grid) + 1):.1f} per candidate, the unlooped one included)")
+    print(f"search / its layer passes in a plain forward: {wall / (passes * per_pass):.2f}; with one LM head per "
+          f"candidate: {wall / (passes * per_pass + (len(grid) + 1) * head):.2f}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--real", help="a real unlooped checkpoint folder (see the docstring)")
+    parser.add_argument("--data", help="with --real: JSONL of {\"text\"} documents")
+    parser.add_argument("--times", default="2,3,4")
+    parser.add_argument("--betas", default="0,0.25,0.5")
+    parser.add_argument("--starts", help="with --real: window starts, e.g. 8,12,16 (default: every layer)")
+    parser.add_argument("--refit-head", action="store_true",
+                        help="with --real: apply the LM head at every Newton step of each fit, as before issue 26")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=128)
@@ -59,6 +144,9 @@ def main() -> None:
     parser.add_argument("--project-tokens", type=int, default=65536)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.real:
+        real(args)
+        return
     lo, _, hi = args.widths.partition("-")
     widths = list(range(int(lo), int(hi or lo) + 1))
 

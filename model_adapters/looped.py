@@ -247,6 +247,9 @@ class LoopedLM(HFLM):
         self.batch_size_used = None  # what batch_size=auto detected
         self.chat_template_applied = False
         super().__init__(pretrained, **kwargs)
+        from loopeval.common.threads import configure_threads
+
+        self.threads = configure_threads(self.model)
         if self.loop is not None and loop_config(self.model) is None:
             apply_loop(self.model, self.loop)
         self.args = args

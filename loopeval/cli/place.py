@@ -44,7 +44,7 @@ def add(sub) -> None:
 def run(args) -> int:
     from loopeval.common.outputs import check_outputs, folder_lock
     from loopeval.tools.placement import place
-    from loopeval.tools.placement.report import format_correlations, format_table
+    from loopeval.tools.placement.report import format_correlations, format_table, handoff
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "model", "data", "out", "top")}
     if "correlate" in options:
@@ -57,4 +57,5 @@ def run(args) -> int:
         print(format_correlations(list(result.correlations)))
     print(f"{result.scored} candidates scored in {result.wall_s:.1f} s ({result.layer_passes:.1f} layer passes per "
           f"text position); wrote {result.out / 'placements.jsonl'} and {result.out / 'placement.html'}")
+    print(handoff(result, args.model))
     return 0

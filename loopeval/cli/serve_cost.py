@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from loopeval.cli._common import int_list
+from loopeval.cli._common import add_loop_options, int_list, loop_options
 
 
 def add(sub) -> None:
@@ -19,6 +19,7 @@ def add(sub) -> None:
     p.add_argument("--model", action="append", required=True, help="checkpoint folder or hub id (repeatable; the "
                    "first is the baseline)")
     p.add_argument("--loop", help="loop spec for a single --model, e.g. 8:16x2")
+    add_loop_options(p)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--batch-sizes", type=_batch_sizes, default="auto",
@@ -39,7 +40,7 @@ def _batch_sizes(text: str):
 def run(args) -> int:
     from loopeval.evaluation.serving import serve_cost
 
-    result = serve_cost(args.model, loop=args.loop, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+    result = serve_cost(args.model, loop=args.loop, **loop_options(args), prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile, cache=args.cache,
                         device=args.device, dtype=args.dtype, out=args.out)
     print(result.to_text())

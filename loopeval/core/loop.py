@@ -75,7 +75,7 @@ def check_source(path: str | Path, *, revision: str | None = None, trust_remote_
         raise ValueError(f"{text}: neither a local folder nor a hub model whose config can be read ({first})") from None
 
 
-def resolve_loop(source, loop: str | LoopSpec | None = None, *, arg_prefix: str = "", revision: str | None = None,
+def resolve_loop(source, loop: str | LoopSpec | LoopConfig | None = None, *, arg_prefix: str = "", revision: str | None = None,
                  trust_remote_code: bool = False, gguf_file: str | None = None,
                  **options) -> LoopConfig | None:
     """The loop to apply to ``source``: a checkpoint path or hub id, a model, or a model config.
@@ -122,7 +122,13 @@ def resolve_loop(source, loop: str | LoopSpec | None = None, *, arg_prefix: str 
             f"{source if not isinstance(source, nn.Module) else 'the model'} already has the loop {stored.spec} "
             f"({LOOP_CONFIG_NAME}); drop loop={loop!s} or load the base checkpoint"
         )
-    wanted = LoopConfig.from_options(loop, **options)
+    if isinstance(loop, LoopConfig):
+        given = [f"{arg_prefix}{k}" for k, v in options.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} given beside a whole LoopConfig; put them inside it")
+        wanted = loop
+    else:
+        wanted = LoopConfig.from_options(loop, **options)
     return wanted.validate(count_layers(source, revision=revision, trust_remote_code=trust_remote_code,
                                         gguf_file=gguf_file))
 

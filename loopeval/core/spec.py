@@ -23,6 +23,11 @@ update "F(x) = x + (g(x) - x)/K, g^(K)(x) = beta g(x) + (1 - beta) F^K(x)", and 
 "Undamped repetition of the same seven layers cuts accuracy sharply (MATH-500 54.0% vs 76.3%),
 so damping, not repetition, makes reuse of these layers safe." ``repeat`` is the named option."""
 
+DEFAULT_BETA = 0.0
+"""The damped operator's anchor beta when none is given: no anchor term, the output is
+``F^K(x0)``. The paper states no single beta; its placement grid covers "every anchor"
+(D.1), and ``place`` records the beta of each candidate, so a placed loop carries its own."""
+
 MIX_SOURCES = ("window", "embedding")
 """What input mixing mixes into passes ``t >= 2``: the window's input, or the token embedding."""
 
@@ -228,7 +233,7 @@ class LoopConfig:
     operator: str = field(default=DEFAULT_OPERATOR, metadata={
         "help": f"loop operator: {' or '.join(OPERATORS)} (default {DEFAULT_OPERATOR}, paper A.1 and D.1)",
         "choices": OPERATORS})
-    beta: float = field(default=0.0, metadata={
+    beta: float = field(default=DEFAULT_BETA, metadata={
         "help": "anchor beta of the damped operator, in [0, 1] (default 0)", "type": float})
     mix: float | None = field(default=None, metadata={
         "help": "input-mixing logit a, w = sigmoid(a) (default: no mixing)", "type": float})

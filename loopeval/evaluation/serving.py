@@ -359,6 +359,23 @@ def _check_sources(sources, loop, positions: int) -> None:
                              "on the same token stream, so give models that share one tokenizer")
 
 
+def _loop_with_options(loop, options: dict):
+    """``loop`` as a ``LoopConfig`` with its loop options; the options need a loop."""
+    from loopeval.core.spec import LoopConfig
+
+    given = [k for k, v in options.items() if v is not None]
+    if loop is None:
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} given without --loop (a checkpoint's own loop keeps "
+                             "its operator)")
+        return None
+    if isinstance(loop, LoopConfig):
+        if given:
+            raise ValueError(f"{', '.join(given)} given beside a whole LoopConfig; put them inside it")
+        return loop
+    return LoopConfig.from_options(loop, **options)
+
+
 def _load(sources, loop, dtype, device):
     """``[(name, model, tokenizer)]``, the baseline first; one source gives its unlooped
     self and its looped self, the two sharing the weights."""
@@ -538,12 +555,15 @@ def _auto_batch(meter: _Meter, model, new_tokens: int, *, cache_bytes_per_row: i
 def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int = 256, batch_sizes="auto",
                repeats: int = 5, compile: bool = False, cache: str = "dynamic", device: str | None = None,
                dtype: str | None = None, seed: int = 0, out: str | Path | None = None,
-               progress: bool = True) -> ServeCost:
+               progress: bool = True, **loop_options) -> ServeCost:
     """Measure the serving cost of ``models`` side by side (module docstring).
 
     ``models`` is one checkpoint (path, hub id or model), compared with ``loop`` or its
     own loop against its unlooped self (sharing its weights), or several, the baseline
-    first, each with its own loop. ``batch_sizes`` is ``"auto"`` or a list of sizes; the
+    first, each with its own loop. The loop options (``operator``, ``beta``, ``mix``, ``mix_source``:
+    :class:`loopeval.core.spec.LoopConfig`'s fields and defaults, the damped operator
+    ``place`` searches with) go with ``loop``. The torch
+    thread count comes from ``loopeval.common.threads.configure_threads`` and is recorded. ``batch_sizes`` is ``"auto"`` or a list of sizes; the
     headline throughput is read at ``auto``'s batch or the largest size given. ``dtype``
     (e.g. ``"bfloat16"``) is the load dtype of checkpoints (default: their own); a model
     object is measured as it is. ``device`` defaults to CUDA when present. Every
@@ -566,8 +586,12 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     if out is not None:
         _writable(out)
     sources = list(models) if isinstance(models, (list, tuple)) else [models]
+    loop = _loop_with_options(loop, loop_options)
     _check_sources(sources, loop, prompt_tokens + new_tokens)
     loaded = _load(sources, loop, dtype, device)
+    from loopeval.common.threads import configure_threads
+
+    threads = configure_threads(loaded[0][1])
     tokenizer = loaded[0][2]
     pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
                             getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)
@@ -638,7 +662,8 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
         "batch_sizes": sizes if sizes == "auto" else list(sizes), "repeats": repeats, "cache": cache,
         "compile": compile, "device": str(device), "dtype": str(next(loaded[0][1].parameters()).dtype).replace("torch.", ""),
         "seed": seed, "memory": "torch.cuda.max_memory_allocated" if meter.cuda else "torch.profiler CPU allocations",
-        "threads": torch.get_num_threads(), "gpu": torch.cuda.get_device_name(device) if meter.cuda else None,
+        "threads": torch.get_num_threads(), "threads_source": threads.source, "threads_reason": threads.reason,
+        "gpu": torch.cuda.get_device_name(device) if meter.cuda else None,
         "cpu": platform.processor() or platform.machine(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }

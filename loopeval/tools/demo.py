@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from loopeval.evaluation.local_data import local_task
+from loopeval.training.manifest import MANIFEST_NAME
 
 TASK = "arith_boxed"
 LOOP = "2:4x2"  # 6 layers -> 8 passes, c = 1.33
@@ -88,38 +90,48 @@ def write_study(out: Path, task_folder: Path, twin: Path, looped: Path) -> Path:
     return path
 
 
-def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: int = 0, recipe: str = "full") -> Path:
-    """Run every stage into ``out`` and return the report's path. ``recipe="convert"``
-    fine-tunes the base without a loop, then trains the twin and the looped model from
-    it by LoRA conversion (paper A.3) for half the steps."""
-    import torch
+MARKER = "demo.json"
+"""Written first, so a folder left by an interrupted demo is recognised as the demo's."""
 
+
+def _mark(out: Path, settings: dict, **state) -> None:
+    (out / MARKER).write_text(json.dumps({**settings, **state}))
+
+
+def _claim(out: Path, settings: dict) -> bool:
+    """Take ``out`` for a demo with ``settings`` and return whether both models are already
+    trained with them there. A folder with files and no demo marker is refused; a demo
+    folder (finished or interrupted) is resumed: the study runner skips the evaluations
+    already done."""
+    if out.exists() and any(out.iterdir()):
+        marker = out / MARKER
+        try:
+            stored = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            raise ValueError(f"{out} exists and is not a loopeval demo folder; choose another --out") from None
+        same = isinstance(stored, dict) and all(stored.get(k) == v for k, v in settings.items())
+        trained = same and stored.get("status") in ("trained", "done") and all(
+            (out / "checkpoints" / name / MANIFEST_NAME).is_file() for name in ("twin", "looped"))
+        if stored.get("status") != "done":
+            _say(f"resuming the demo interrupted in {out}" if same else
+                 f"{out} holds an interrupted demo with other settings: starting again")
+    else:
+        trained = False
+    out.mkdir(parents=True, exist_ok=True)
+    _mark(out, settings, status="trained" if trained else "started")
+    return trained
+
+
+def _train(out: Path, spec: DemoSize, train, train_file: Path, *, seed: int, recipe: str) -> tuple[Path, Path]:
+    """Stages 2 and 3: the base model and tokenizer, then the twin and the looped model."""
     from loopeval.core.checkpoint import save_model
     from loopeval.evaluation.decoding import DEFAULT_ANSWER_STRING, DEFAULT_THINK_STRING
     from loopeval.evaluation.scoring import user_prompt
-    from loopeval.tools.study import run_study
-    from loopeval.tools.synthetic import make_splits, write_splits
     from loopeval.tools.tiny import tiny_model, tiny_tokenizer
     from loopeval.training import TrainConfig, train_model, train_twins
 
-    if size not in SIZES:
-        raise ValueError(f"demo size {size!r}: choose one of {', '.join(SIZES)}")
-    if recipe not in ("full", "convert"):
-        raise ValueError(f"demo recipe {recipe!r}: choose full or convert")
-    spec = SIZES[size]
-    out = Path(out).resolve()
-    if out.exists() and any(out.iterdir()) and not (out / "demo.json").is_file():
-        raise ValueError(f"{out} exists and is not a loopeval demo folder; choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("lm-eval", "lm_eval", "transformers", "datasets"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    start = time.time()
-    torch.manual_seed(seed)
-
-    _say(f"1/5 synthetic task: {spec.n_train} training and {spec.n_test} test problems")
-    train, test = make_splits(spec.n_train, spec.n_test, seed=seed)
-    train_file, test_file = write_splits(out / "data", train, test)
-
+    if (out / "evals").exists():
+        shutil.rmtree(out / "evals")  # evaluations of models an interrupted run had trained
     _say(f"2/5 tiny Qwen3 ({spec.layers} layers, hidden {spec.hidden}) and a BPE tokenizer, built locally")
     texts = [f"{user_prompt(p.question)} {p.solution}" for p in train] + [DEFAULT_THINK_STRING, DEFAULT_ANSWER_STRING]
     tokenizer = tiny_tokenizer(texts, vocab_size=spec.vocab)
@@ -139,20 +151,61 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
                              warmup=max(1, spec.steps // 24), max_length=160, seed=seed, data_seed=seed + 1,
                              log_every=max(1, spec.steps // 40))
     twin, looped = train_twins(start_from, train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True)
+    return twin.path, looped.path
+
+
+def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: int = 0, recipe: str = "full") -> Path:
+    """Run every stage into ``out`` and return the report's path. ``recipe="convert"``
+    fine-tunes the base without a loop, then trains the twin and the looped model from
+    it by LoRA conversion (paper A.3) for half the steps."""
+    import torch
+
+    from loopeval.tools.study import run_study
+    from loopeval.tools.synthetic import make_splits, write_splits
+    from loopeval.common.threads import configure_threads
+
+    if size not in SIZES:
+        raise ValueError(f"demo size {size!r}: choose one of {', '.join(SIZES)}")
+    if recipe not in ("full", "convert"):
+        raise ValueError(f"demo recipe {recipe!r}: choose full or convert")
+    spec = SIZES[size]
+    out = Path(out).resolve()
+    settings = {"size": size, "seed": seed, "loop": LOOP, "recipe": recipe}
+    trained = _claim(out, settings)
+    threads = configure_threads(hidden_size=spec.hidden)
+    for name in ("lm-eval", "lm_eval", "transformers", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    start = time.time()
+    torch.manual_seed(seed)
+
+    phases = {}
+    _say(f"torch threads: {threads.threads} ({threads.reason})")
+    _say(f"1/5 synthetic task: {spec.n_train} training and {spec.n_test} test problems")
+    train, test = make_splits(spec.n_train, spec.n_test, seed=seed)
+    train_file, test_file = write_splits(out / "data", train, test)
+    phases["data"] = time.time() - start
+
+    if trained:
+        _say("2/5 and 3/5: the base and both trained models are kept from an earlier run with these settings")
+        twin_path, looped_path = (out / "checkpoints" / name for name in ("twin", "looped"))
+    else:
+        twin_path, looped_path = _train(out, spec, train, train_file, seed=seed, recipe=recipe)
+        _mark(out, settings, status="trained")
+    phases["train"] = time.time() - start - sum(phases.values())
 
     task_folder = _task_folder(out, test_file)
-    study = write_study(out, task_folder, twin.path, looped.path)
+    study = write_study(out, task_folder, twin_path, looped_path)
     _say(f"4/5 {2 * 2 * len(SCALES)} lm-eval runs of the study {study} (lm-eval's logs: {out / 'logs'})")
     _say(f"    twin and looped x budgets {', '.join(f'{s:g}x' for s in SCALES)}, budget forcing off and on")
     result = run_study(study)
+    phases["evaluate and report"] = time.time() - start - sum(phases.values())
     if result.report is None:
         raise RuntimeError(f"the demo's evaluations failed: {'; '.join(result.failed)} (logs in {out / 'logs'})")
 
     _say("5/5 statistics and the report")
     data = json.loads((out / "report.json").read_text())
     report = result.report
-    (out / "demo.json").write_text(json.dumps({"size": size, "seed": seed, "loop": LOOP, "recipe": recipe,
-                                               "seconds": time.time() - start}))
+    _mark(out, settings, status="done", seconds=time.time() - start, phases=phases, threads=threads.to_dict())
     chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
     for row in data["decoding"]:
         _say(f"  {row['setting']:24s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")
@@ -160,5 +213,6 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     for cond in data["conditions"]:
         for sentence in cond["verdict"]["sentences"]:
             _say(f"  [{cond['label']}] {sentence}")
-    _say(f"done in {time.time() - start:.0f} s; open {report}")
+    _say(f"done in {time.time() - start:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in phases.items())}); "
+         f"open {report}")
     return report

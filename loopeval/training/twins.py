@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loopeval.core.loop import resolve_loop
 from loopeval.core.spec import LoopConfig, LoopSpec
+from loopeval.common.threads import configure_threads
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
 from loopeval.training.recipes import Recipe
@@ -92,6 +93,7 @@ def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: st
     out = Path(out)
     _check_out(out, overwrite)
     looped = _resolve(base, loop, config.recipe, loop_options)
+    configure_threads(base)
     (recipe,), rows, held = _prepare(base, data, heldout, [looped], config, keep_adapters)
     return train_one(base, rows, held, recipe.loop, out, config, recipe, accelerator=accelerator, progress=progress,
                      keep_adapters=keep_adapters)
@@ -112,6 +114,7 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     looped = _resolve(base, loop, config.recipe, loop_options)
     if looped is None:
         raise ValueError("train_twins needs a loop; train_model(..., loop=None) trains a twin alone")
+    configure_threads(base)
     (twin_recipe, looped_recipe), rows, held = _prepare(base, data, heldout, [None, looped], config, keep_adapters)
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
     twin = train_one(base, rows, held, None, out / TWIN, config, twin_recipe, **options)

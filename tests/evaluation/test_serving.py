@@ -36,7 +36,7 @@ def _generate(model, ids, mask, **options):
 def test_static_cache_equals_dynamic_unrolled_and_uncached(arch):
     spec = SPECS[arch]
     reference = unrolled_copy(tiny_model(arch), spec)
-    model = apply_loop(tiny_model(arch), spec)
+    model = apply_loop(tiny_model(arch), spec, operator="repeat")  # against the unrolled copy
     ids, mask = _batch()
     dynamic = _generate(model, ids, mask)
     static = _generate(model, ids, mask, cache_implementation="static")

@@ -13,7 +13,8 @@ from loopeval import apply_loop, remove_loop
 from loopeval.tools.placement import build_grid, place, planned_passes, read_placements
 from loopeval.tools.placement.engine import NaiveEngine, PrefixEngine
 from loopeval.tools.placement.grid import Candidate, mlp_loop_candidates
-from loopeval.tools.placement.text import load_text, split_of
+from loopeval.tools.placement.noise import ppl_interval
+from loopeval.tools.placement.text import load_text
 from loopeval.tools.tiny import tiny_model
 
 VOCAB = 128
@@ -107,19 +108,45 @@ def test_ppl_t_matches_plain_forwards_and_a_brute_force_temperature_grid(text, t
         assert got.ppl_t == pytest.approx(math.exp(_nll(test, data.test.ids, data.test.labels, best)[0]), rel=1e-5)
         assert got.kl == pytest.approx(kl, rel=1e-5, abs=1e-9)
         assert got.tokens == int((data.test.labels != -100).sum())
+        # the interval from per-document NLLs of the plain forward, attributed by hand
+        logp_t = torch.log_softmax(test[:, :-1].double() / got.temperature, -1)
+        token_nll = -logp_t.gather(-1, data.test.ids[:, 1:, None])[..., 0]
+        scored = data.test.labels[:, 1:] != -100
+        owner = data.test.docs[:, 1:]
+        doc_nll = [float(token_nll[scored & (owner == i)].sum()) for i in range(data.test.documents)]
+        doc_tokens = [int((scored & (owner == i)).sum()) for i in range(data.test.documents)]
+        if row.loop is None:
+            base_doc_nll = doc_nll
+        expected = ppl_interval(doc_nll, doc_tokens, base_doc_nll)
+        assert got.ppl_t_ci == pytest.approx(list(expected.confidence_interval), rel=1e-6)
+        assert got.ratio_ci == pytest.approx(list(expected.ratio_interval), rel=1e-6)
+        assert got.ppl_t_ci[0] <= got.ppl_t <= got.ppl_t_ci[1] and got.test_documents == data.test.documents
     assert result.unlooped.kl == 0
     assert len({r.ppl_t for r in checked}) == len(checked)  # the loops do change the scores
 
 
-def test_split_is_fixed_by_hash(text, tmp_path):
+def test_split_balances_tokens_whole_documents_and_ignores_file_order(tmp_path):
+    """Messy lengths (1 to 300 tokens, a few long documents): each document lands whole in
+    one part, the validation share is within max(f, 1 - f) x the longest document of
+    val_fraction, and reversing the file changes nothing."""
     tok = word_tokenizer()
-    docs = [json.loads(line)["text"] for line in text.read_text().splitlines()]
-    data = load_text(text, tok, seq_len=16)
-    assert data.val.documents == sum(split_of(d, 0.5) == "val" for d in docs)
-    shuffled = tmp_path / "shuffled.jsonl"
-    shuffled.write_text("".join(json.dumps({"text": d}) + "\n" for d in reversed(docs)))
-    again = load_text(shuffled, tok, seq_len=16)
-    assert sorted(again.val.ids.flatten().tolist()) == sorted(data.val.ids.flatten().tolist())
+    rng = np.random.default_rng(1)
+    lengths = [int(n) for n in rng.integers(1, 40, size=30)] + [300, 250, 5]
+    docs = [" ".join(f"t{int(i)}" for i in rng.integers(3, VOCAB, size=n)) for n in lengths]
+    path = tmp_path / "text.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    for fraction in (0.5, 0.3):
+        data = load_text(path, tok, seq_len=16, val_fraction=fraction)
+        stream = {name: [int((part.docs == i).sum()) for i in range(part.documents)]
+                  for name, part in (("val", data.val), ("test", data.test))}
+        sizes = [len(ids) + 1 for ids in tok(docs)["input_ids"]]  # with EOS
+        assert sorted(stream["val"] + stream["test"]) == sorted(sizes)  # whole documents
+        val, total = sum(stream["val"]), sum(sizes)
+        assert abs(val - fraction * total) <= max(fraction, 1 - fraction) * max(sizes)
+        reversed_path = tmp_path / "reversed.jsonl"
+        reversed_path.write_text("".join(json.dumps({"text": d}) + "\n" for d in reversed(docs)))
+        again = load_text(reversed_path, tok, seq_len=16, val_fraction=fraction)
+        assert sorted(again.val.ids.flatten().tolist()) == sorted(data.val.ids.flatten().tolist())
 
 
 # -- prefix reuse -------------------------------------------------------------------
@@ -243,7 +270,12 @@ def test_outputs(text, tmp_path):
                           "temperature", "kl", "tokens"}
     assert [r.kl for r in result.ranked()] == sorted(r.kl for r in result.rows if r.loop)
     table = format_table(result, top=5).splitlines()
-    assert "unlooped" in table[1] and len(table) == 1 + 1 + 5 + 1
+    assert "unlooped" in table[1] and len(table) == 1 + 1 + 5 + 2
+    looped = result.ranked()
+    better = sum(r.ratio_ci[1] < 1 for r in looped)
+    worse = sum(r.ratio_ci[0] > 1 for r in looped)
+    assert table[-1].startswith(f"{better} candidate(s) have a PPL_T distinguishably below the unlooped model's, "
+                                f"{worse} above, {len(looped) - better - worse} are not distinguishable")
     page = (tmp_path / "placement.html").read_text()
     assert page.count("<svg") == 1 and not re.search(r"(src|href)=[\"']https?:|<script|<link", page)  # self-contained
     assert page.count("<tr") == 1 + len(result.rows)
@@ -330,6 +362,21 @@ def test_another_search_in_the_folder_is_refused(text, tmp_path):
         place(_no_forward(model), text, tokenizer=tok, out=tmp_path, **{**SMALL, "seq_len": 32})
 
 
+def test_changed_settings_are_refused_before_the_weights_load(text, tmp_path, monkeypatch):
+    import loopeval.core.checkpoint
+    from loopeval.core.checkpoint import save_model
+
+    save_model(model_of(), word_tokenizer(), tmp_path / "model")
+    place(str(tmp_path / "model"), text, out=tmp_path / "out", **{**SMALL, "widths": [2], "times": [2], "betas": [0.0]})
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the settings were checked")
+
+    monkeypatch.setattr(loopeval.core.checkpoint, "load_model", no_load)
+    with pytest.raises(ValueError, match="seq_len: 16 there, 32 now"):
+        place(str(tmp_path / "model"), text, out=tmp_path / "out", **{**SMALL, "seq_len": 32})
+
+
 # -- the command line ---------------------------------------------------------------
 
 
@@ -346,3 +393,78 @@ def test_cli(text, tmp_path, capsys):
     assert "unlooped" in printed and "/mlp" in (tmp_path / "out" / "placements.jsonl").read_text()
     assert main([*args[:-2], "--times", "1"]) == 2
     assert "K must be >= 2" in capsys.readouterr().err
+
+
+# -- the noise: bootstrap intervals against exact enumeration ---------------------------
+
+
+def test_bootstrap_interval_matches_exact_enumeration():
+    """Five test documents: all 5^5 equally likely resamples enumerated give the exact
+    bootstrap distribution of PPL_T and of the paired ratio; 20,000 random resamples must
+    put each interval end between the exact 2% and 3% (97% and 98%) quantiles."""
+    import itertools
+
+    nll = np.array([40.0, 7.5, 120.0, 3.0, 61.0])
+    tokens = np.array([20.0, 5.0, 40.0, 1.0, 30.0])
+    base = np.array([38.0, 8.0, 118.0, 3.5, 63.0])
+    means, diffs = [], []
+    for idx in itertools.product(range(5), repeat=5):
+        idx = list(idx)
+        t = tokens[idx].sum()
+        means.append(nll[idx].sum() / t)
+        diffs.append((nll[idx].sum() - base[idx].sum()) / t)
+    got = ppl_interval(nll, tokens, base, n_resamples=20_000, seed=3)
+    for values, interval in ((means, got.confidence_interval), (diffs, got.ratio_interval)):
+        q = np.exp(np.quantile(values, [0.02, 0.03, 0.97, 0.98]))
+        assert q[0] <= interval.low <= q[1] and q[2] <= interval.high <= q[3]
+    assert got.statistic == pytest.approx(math.exp(nll.sum() / tokens.sum()))
+    assert got.ratio == pytest.approx(math.exp((nll.sum() - base.sum()) / tokens.sum()))
+    same = ppl_interval(base, tokens, base)
+    assert tuple(same.ratio_interval) == (1.0, 1.0) and not same.distinguishable
+
+
+# -- one loop from placement to evaluation -----------------------------------------------
+
+
+def test_best_loop_is_handed_over_whole(text, tmp_path):
+    """The best candidate's loop_config.json and printed lm_eval / serve-cost arguments give
+    back exactly the loop that was scored (operator and beta included), and a spec given
+    alone gets the operator place searches with."""
+    from loopeval.core.loop import LoopConfig, read_loop_config, resolve_loop
+    from loopeval.tools.placement.report import handoff
+
+    model, tok = model_of(), word_tokenizer()
+    result = place(model, text, tokenizer=tok, out=tmp_path, starts=[2], **{**SMALL, "betas": [0.25, 0.5]})
+    best = result.ranked()[0]
+    scored = LoopConfig(best.loop, best.operator, best.beta)
+    assert read_loop_config(tmp_path) == scored
+    lines = handoff(result, "CKPT").splitlines()
+    args = dict(kv.split("=", 1) for kv in lines[1].split("--model_args ")[1].split(","))
+    assert args["pretrained"] == "CKPT"
+    assert resolve_loop(model, args["loop"], operator=args["loop_operator"], beta=float(args["loop_beta"])) == scored
+    flags = lines[2].split()
+    assert (flags[flags.index("--loop") + 1], flags[flags.index("--operator") + 1],
+            float(flags[flags.index("--beta") + 1])) == (best.loop, best.operator, best.beta)
+    assert resolve_loop(model, "2:4x2").operator == build_grid(6)[0].operator == "damped"
+
+
+def test_location_profile_clips_catastrophic_windows(text, tmp_path):
+    """Windows at layer 1 made 50x worse than the unlooped model: the axis still spans the
+    others (relative to unlooped, in %), and the clipped points are counted."""
+    import dataclasses
+
+    from loopeval.tools.placement.report import CLIP, location_profile_svg, profile_lines
+
+    model, tok = model_of(), word_tokenizer()
+    result = place(model, text, tokenizer=tok, out=tmp_path, starts=[1, 2, 3], **SMALL)
+    rows = list(result.rows)
+    rows = [dataclasses.replace(r, ppl_t=50 * result.unlooped.ppl_t) if r.start == 1 else r for r in rows]
+    broken = dataclasses.replace(result, rows=tuple(rows))
+    lines = profile_lines(broken)
+    assert max(v for line in lines.values() for v in line.values()) == pytest.approx(50.0)
+    inside = sorted(v for line in lines.values() for v in line.values() if v <= CLIP)
+    assert inside and inside[-1] < 1.1  # the other windows stay readable on the clipped axis
+    svg = location_profile_svg(broken)
+    clipped = sum(v > CLIP for line in lines.values() for v in line.values())
+    assert clipped == len(SMALL["widths"]) * len(SMALL["times"])  # one per (width, K) line at start 1
+    assert f"{clipped} point(s) above +25%" in svg and "50x the unlooped" in svg

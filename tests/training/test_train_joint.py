@@ -99,7 +99,7 @@ def test_joint_loss_reduces_to_looped_only_and_to_plain_fine_tune(work, tokenize
     batch = collate(data, list(range(4)), 0, "cpu")
     n = int((batch["labels"][:, 1:] != -100).sum())
     plain = tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=8)
-    looped = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=8), LOOP)
+    looped = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=8), LOOP, operator="repeat")
     for weights, reference in (((0.0, 1.0), _hf_loss(looped, batch)), ((1.0, 0.0), _hf_loss(plain, batch))):
         config = TrainConfig(**{**BASE, "single_weight": weights[0], "loop_weight": weights[1]})
         recipe = Joint(config, loop_config(looped))
@@ -195,7 +195,7 @@ def test_staged_schedule_keeps_the_optimiser_state(work, tokenizer):
     order = batch_order(len(data), batch_size=4, steps=4, seed=0)
 
     def by_hand(reset: bool):
-        model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=8), LOOP).train()
+        model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=8), LOOP, operator="repeat").train()
         from loopeval import load_model
 
         model.load_state_dict(load_model(work / "base")[0].state_dict())

@@ -167,7 +167,7 @@ def test_learned_mix_gets_a_gradient_and_round_trips(tokenizer, tmp_path):
 def test_old_loop_configs_still_load(tmp_path):
     config = LoopConfig.from_dict({"loop": "1:3x2", "operator": "repeat", "beta": 0.0, "mix": 2.0})
     assert config.mix_source == "window" and "mix_source" not in config.to_dict()
-    embedding = LoopConfig("1:3x2", mix=2.0, mix_source="embedding")
+    embedding = LoopConfig("1:3x2", "repeat", mix=2.0, mix_source="embedding")
     assert LoopConfig.from_dict(embedding.to_dict()) == embedding
 
 

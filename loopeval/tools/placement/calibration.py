@@ -79,21 +79,33 @@ def fit_temperature(derivatives: Callable[[float], tuple[float, float]], *, star
 
 @dataclass
 class TestSums:
-    """Sums over test tokens of the plain NLL, the NLL at T*, and KL(unlooped || candidate)."""
+    """Sums over test tokens of the plain NLL, the NLL at T*, and KL(unlooped || candidate);
+    with ``documents``, also the NLL at T* and the tokens of each test document."""
 
     temperature: float
+    documents: int = 0
     nll: float = 0.0
     nll_t: float = 0.0
     kl: float = 0.0
     tokens: int = 0
 
-    def add(self, logits: torch.Tensor, labels: torch.Tensor, base_logprobs: torch.Tensor) -> None:
-        """``logits`` (n, V), ``labels`` (n,) and the unlooped model's log-probabilities (n, V)."""
+    def __post_init__(self):
+        self.doc_nll_t = torch.zeros(self.documents, dtype=torch.float64)
+        self.doc_tokens = torch.zeros(self.documents, dtype=torch.float64)
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor, base_logprobs: torch.Tensor,
+            docs: torch.Tensor | None = None) -> None:
+        """``logits`` (n, V), ``labels`` (n,), the unlooped model's log-probabilities (n, V)
+        and each label's test document (n,)."""
         z = logits.float()
         logp = torch.log_softmax(z, -1)
         logp_t = torch.log_softmax(z / self.temperature, -1)
         index = labels[:, None]
         self.nll -= float(logp.gather(-1, index).double().sum())
-        self.nll_t -= float(logp_t.gather(-1, index).double().sum())
+        nll_t = -logp_t.gather(-1, index)[:, 0].double()
+        self.nll_t += float(nll_t.sum())
+        if docs is not None:
+            self.doc_nll_t.index_add_(0, docs.cpu(), nll_t.cpu())
+            self.doc_tokens.index_add_(0, docs.cpu(), torch.ones(len(docs), dtype=torch.float64))
         self.kl += float((base_logprobs.exp() * (base_logprobs - logp)).sum(-1).double().sum())
         self.tokens += int(labels.numel())

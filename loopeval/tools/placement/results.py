@@ -21,7 +21,10 @@ class PlacementRow:
     """One scored candidate. ``loop`` is ``None`` for the unlooped model. ``ppl`` is the
     plain test perplexity, ``ppl_t`` the test perplexity at ``temperature`` (T*, fitted
     on the validation part), ``kl`` the mean KL(unlooped || candidate) over test tokens,
-    ``tokens`` the test tokens scored and ``tokens_val`` the validation tokens."""
+    ``tokens`` the test tokens scored and ``tokens_val`` the validation tokens;
+    ``ppl_t_ci`` is PPL_T's 95% bootstrap interval over the ``test_documents`` test
+    documents and ``ratio_ci`` that of PPL_T / the unlooped PPL_T on the same resamples
+    (``loopeval.tools.placement.noise``)."""
 
     loop: str | None
     operator: str | None
@@ -38,6 +41,17 @@ class PlacementRow:
     kl: float
     tokens: int
     tokens_val: int
+    ppl_t_ci: list[float] | None = None
+    ratio_ci: list[float] | None = None
+    test_documents: int | None = None
+
+    @property
+    def distinguishable(self) -> bool | None:
+        """Whether PPL_T's ratio to the unlooped model's has an interval excluding 1
+        (``loopeval.tools.placement.noise``); ``None`` for rows written without intervals."""
+        if self.loop is None or self.ratio_ci is None:
+            return None
+        return not self.ratio_ci[0] <= 1.0 <= self.ratio_ci[1]
 
     @property
     def key(self) -> tuple:
@@ -51,14 +65,18 @@ class PlacementRow:
         if not isinstance(d, dict):
             raise TypeError(f"expected an object, got {type(d).__name__}")
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d]
+        missing = [n for n in names if n not in d and n not in _OPTIONAL]
         if missing:
             raise KeyError(f"missing {', '.join(missing)}")
-        row = cls(**{n: d[n] for n in names})
+        row = cls(**{n: d[n] for n in names if n in d})
         for name in ("ppl", "ppl_t", "temperature", "kl", "multiplier"):
             if not isinstance(getattr(row, name), (int, float)) or isinstance(getattr(row, name), bool):
                 raise TypeError(f"{name} {getattr(row, name)!r} is not a number")
         return row
+
+
+_OPTIONAL = ("ppl_t_ci", "ratio_ci", "test_documents")
+"""Fields rows written before the intervals existed lack."""
 
 
 def read_placements(path: str | Path) -> list[PlacementRow]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,18 +27,21 @@ import torch
 from torch import nn
 
 from loopeval.core.cost import loop_cost
-from loopeval.core.loop import check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
-from loopeval.core.spec import LoopSpec
+from loopeval.core.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
 from loopeval.tools.placement.calibration import TEMPERATURE_BOUNDS, TOLERANCE, TestSums, fit_temperature, slope_and_curvature
 from loopeval.tools.placement.engine import NaiveEngine, PassMeter, PrefixEngine
 from loopeval.tools.placement.grid import (DEFAULT_BETAS, DEFAULT_OPERATOR, DEFAULT_TIMES, DEFAULT_WIDTHS, Candidate,
-                                     build_grid, mlp_loop_candidates, rounds)
+                                     build_grid, mlp_loop_candidates, planned_passes, rounds)
+from loopeval.tools.placement.noise import ppl_interval, resample_counts
 from loopeval.tools.placement.results import (PLACEMENTS_NAME, SETTINGS_NAME, RANK_BY, Correlation, PlacementRow, append_placement,
                                         correlate, ranked, read_accuracies, read_placements)
 from loopeval.tools.placement.text import SPLITS, ScoringText, load_text
 
 SCORE_ELEMENTS = 1 << 24
 """Logits scored at once: positions per chunk = SCORE_ELEMENTS // vocabulary size."""
+FIT_LOGITS_MEMORY = 1 << 30
+"""Bytes of one candidate's validation logits kept through its temperature fit (the LM
+head is then applied once per candidate, not once per Newton step)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,18 @@ def _settings(model_name: str, num_layers: int, text: ScoringText, *, seq_len, v
     }
 
 
+def _expected_dtype(model, dtype: str | None) -> str:
+    """The dtype the weights will have: ``dtype``, else the model's or its config's."""
+    if dtype is not None:
+        return str(getattr(torch, dtype))
+    if isinstance(model, nn.Module):
+        return str(next(model.parameters()).dtype)
+    from transformers import AutoConfig
+
+    stored = getattr(AutoConfig.from_pretrained(model), "dtype", None) or "float32"
+    return str(stored if isinstance(stored, torch.dtype) else getattr(torch, str(stored), torch.float32))
+
+
 def _check_resume(out: Path, settings: dict) -> list[PlacementRow]:
     """The rows already in ``out`` (none for a new folder); refuses a folder of another search."""
     file, rows = out / SETTINGS_NAME, []
@@ -92,9 +108,11 @@ def _check_resume(out: Path, settings: dict) -> list[PlacementRow]:
     return rows
 
 
-def _batches(text: ScoringText, split: str, rows_per_batch: int, device) -> list[tuple[tuple, torch.Tensor, torch.Tensor]]:
+def _batches(text: ScoringText, split: str, rows_per_batch: int, device) -> list[tuple]:
+    """``(key, ids, labels, docs)`` per batch of rows; ``docs`` holds each scored label's document."""
     part = text.part(split)
-    return [((split, i), part.ids[i:i + rows_per_batch].to(device), part.labels[i:i + rows_per_batch].to(device))
+    return [((split, i), part.ids[i:i + rows_per_batch].to(device), part.labels[i:i + rows_per_batch].to(device),
+             part.docs[i:i + rows_per_batch, 1:][part.labels[i:i + rows_per_batch, 1:] != -100])
             for i in range(0, part.rows, rows_per_batch)]
 
 
@@ -124,6 +142,12 @@ class _Scorer:
                 yield self.head(h[i:i + self.chunk]), y[i:i + self.chunk]
 
     def fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor], start: float):
+        """T* from the kept hidden states; their logits are computed once and reused by every
+        Newton step when they fit in ``FIT_LOGITS_MEMORY`` (else once per step)."""
+        size = sum(h.shape[0] for h in kept) * self.head.weight.shape[0] * 4
+        if size <= FIT_LOGITS_MEMORY:
+            logits = [(z.float(), y) for z, y in self.kept_logits(kept, targets)]
+            return fit_temperature(lambda b: slope_and_curvature(logits, b), start=start)
         return fit_temperature(lambda b: slope_and_curvature(self.kept_logits(kept, targets), b), start=start)
 
 
@@ -176,17 +200,22 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
 
         tokenizer = AutoTokenizer.from_pretrained(model)
     text = load_text(data, tokenizer, seq_len=seq_len, val_fraction=val_fraction, max_tokens=max_tokens)
+    out = Path(out)
+    settings = _settings(model_name, num_layers, text, seq_len=seq_len, val_fraction=val_fraction,
+                         max_tokens=max_tokens, dtype=_expected_dtype(model, dtype))
+    _check_resume(out, settings)  # before the weights load
     if not isinstance(model, nn.Module):
         from loopeval.core.checkpoint import load_model
 
         model, _ = load_model(model, dtype=getattr(torch, dtype) if dtype else "auto")
         model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from loopeval.common.threads import configure_threads
+
+    configure_threads(model)
     layers = decoder_layers(model)
     if mlp_loop:
         check_sub_layer_support(layers, LoopSpec.parse(f"0:{num_layers}x2/mlp"))
-    out = Path(out)
-    settings = _settings(model_name, num_layers, text, seq_len=seq_len, val_fraction=val_fraction,
-                         max_tokens=max_tokens, dtype=str(next(model.parameters()).dtype))
+    settings["dtype"] = str(next(model.parameters()).dtype)  # as loaded, should the config not say
     done = {r.key: r for r in _check_resume(out, settings)}
     out.mkdir(parents=True, exist_ok=True)
     (out / SETTINGS_NAME).write_text(json.dumps(settings, indent=2) + "\n")
@@ -198,16 +227,32 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     scorer = _Scorer(model)
     kept_bytes = text.val.tokens * scorer.head.weight.shape[1] * next(model.parameters()).element_size()
     round_size = max(1, fit_memory // max(1, kept_bytes))
-    search = _Search(model, engine, scorer, batches, out / PLACEMENTS_NAME, done, progress)
+    search = _Search(model, engine, scorer, batches, out / PLACEMENTS_NAME, done, progress, text.test.documents)
     with torch.no_grad(), PassMeter(model) as meter:
         was_training = model.training
         model.eval()
         try:
+            started = time.perf_counter()
             search.unlooped(Candidate())
             pending = [c for c in grid if c.key not in done]
             search.bar_add(len(pending))
-            for group in rounds(pending, round_size):
+            work = rounds(pending, round_size)
+            text_rows = text.val.rows + text.test.rows
+            left = (planned_passes(pending, num_layers, reuse=reuse, text_rows=text_rows, max_candidates=round_size)
+                    - meter.rows / text_rows)
+            if progress and work:
+                rate = meter.rows / text_rows / (time.perf_counter() - started)
+                search.say(f"{len(pending)} candidates, {left:.0f} layer passes per text position planned; at the "
+                           f"unlooped model's speed ({rate:.2f} passes/s) about {_duration(left / rate)}")
+            for i, group in enumerate(work):
+                started, before = time.perf_counter(), meter.rows
                 search.round(group)
+                if progress and i == 0 and len(work) > 1:
+                    spent, passes = time.perf_counter() - started, (meter.rows - before) / text_rows
+                    search.say(f"first round: {len(group)} candidates in {spent:.1f} s ({spent / len(group):.2f} s "
+                               f"each, {passes / spent:.2f} passes/s with scoring); about "
+                               f"{_duration((left - passes) / (passes / spent))} for the other "
+                               f"{len(pending) - len(group)}")
             if mlp_loop:
                 grid_keys = {c.key for c in grid}
                 best = [r for r in ranked(list(search.rows.values()), rank_by) if r.key in grid_keys][:mlp_loop]
@@ -231,17 +276,24 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     from loopeval.tools.placement.report import write_html
 
     write_html(result, out / "placement.html", list(correlations))
+    best = next(iter(result.ranked()), None)
+    if best is not None:  # the best loop, whole, as a checkpoint's loop_config.json holds it
+        (out / "loop_config.json").write_text(json.dumps(_candidate(best).loop().to_dict(), indent=2) + "\n")
     return result
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def _candidate(row: PlacementRow) -> Candidate:
-    return Candidate(row.start, row.width, row.times, row.operator, row.beta)
+    return Candidate(row.start, row.width, row.times, row.operator, row.beta, row.mlp_loop)
 
 
 class _Search:
     """The state one run of ``place`` shares across rounds."""
 
-    def __init__(self, model, engine, scorer, batches, path: Path, done: dict, progress: bool):
+    def __init__(self, model, engine, scorer, batches, path: Path, done: dict, progress: bool, test_documents: int):
         from tqdm.auto import tqdm
 
         self.model, self.engine, self.scorer, self.batches, self.path = model, engine, scorer, batches, path
@@ -251,7 +303,10 @@ class _Search:
         self.scored = self.fit_evaluations = 0
         # the bar counts (candidate, text batch) steps, shown in candidates
         self.steps = sum(len(b) for b in self.batches.values())
-        self.val_tokens = sum(int((labels[:, 1:] != -100).sum()) for _, _, labels in batches["val"])
+        self.val_tokens = sum(int((labels[:, 1:] != -100).sum()) for _, _, labels, _ in batches["val"])
+        self.test_documents = test_documents
+        self.counts = resample_counts(test_documents)  # every candidate's interval uses the same resamples
+        self.base_doc_nll_t = None
         self.bar = tqdm(total=0, unit="cand", unit_scale=1 / self.steps, disable=not progress, dynamic_ncols=True)
 
     def bar_add(self, n: int) -> None:
@@ -260,6 +315,9 @@ class _Search:
 
     def close(self) -> None:
         self.bar.close()
+
+    def say(self, message: str) -> None:
+        self.bar.write(f"place: {message}", file=sys.stderr)
 
     def _advance(self, candidates: int) -> None:
         self.bar.update(candidates)
@@ -277,21 +335,23 @@ class _Search:
         if new:
             self.bar_add(1)
         kept, targets = [], []
-        for key, ids, labels in self.batches["val"]:
+        for key, ids, labels, _ in self.batches["val"]:
             mask, y = self.scorer.positions(labels)
             kept.append(self.engine.unlooped(key, ids)[:, :-1][mask])
             targets.append(y)
             self._advance(int(new))
         self.base_temperature = self._fit(kept, targets)
         del kept
-        test = TestSums(self.base_temperature)
-        for key, ids, labels in self.batches["test"]:
+        test = TestSums(self.base_temperature, self.test_documents)
+        for key, ids, labels, docs in self.batches["test"]:
             final = self.engine.unlooped(key, ids)
             self.base[key] = final
             mask, targets = self.scorer.positions(labels)
-            for logits, y in zip(self.scorer.chunks(final, mask), targets.split(self.scorer.chunk)):
-                test.add(logits, y, torch.log_softmax(logits.float(), -1))
+            for logits, y, d in zip(self.scorer.chunks(final, mask), targets.split(self.scorer.chunk),
+                                    docs.split(self.scorer.chunk)):
+                test.add(logits, y, torch.log_softmax(logits.float(), -1), d)
             self._advance(int(new))
+        self.base_doc_nll_t = test.doc_nll_t.numpy()
         if new:
             self._write(candidate, test)
 
@@ -299,35 +359,39 @@ class _Search:
         """Validation: keep each candidate's final hidden states at the scored positions,
         then fit its T*. Test: score every candidate at its T*, against the unlooped logits."""
         kept, targets = {c: [] for c in candidates}, []
-        for key, ids, labels in self.batches["val"]:
+        for key, ids, labels, _ in self.batches["val"]:
             mask, y = self.scorer.positions(labels)
             targets.append(y)
             for group, finals in self.engine.round(key, ids, candidates):
                 for c, final in zip(group, finals):
                     kept[c].append(final[:, :-1][mask])
             self._advance(len(candidates))
-        test = {c: TestSums(self._fit(kept.pop(c), targets)) for c in candidates}
-        for key, ids, labels in self.batches["test"]:
+        test = {c: TestSums(self._fit(kept.pop(c), targets), self.test_documents) for c in candidates}
+        for key, ids, labels, docs in self.batches["test"]:
             mask, targets = self.scorer.positions(labels)
             for group, finals in self.engine.round(key, ids, candidates):
                 # the unlooped logits of each chunk are computed once for the whole group
                 chunks = [self.scorer.chunks(self.base[key], mask), *(self.scorer.chunks(f, mask) for f in finals)]
-                for y, base, *logits in zip(targets.split(self.scorer.chunk), *chunks):
+                for y, d, base, *logits in zip(targets.split(self.scorer.chunk), docs.split(self.scorer.chunk),
+                                               *chunks):
                     base_logprobs = torch.log_softmax(base.float(), -1)
                     for c, z in zip(group, logits):
-                        test[c].add(z, y, base_logprobs)
+                        test[c].add(z, y, base_logprobs, d)
             self._advance(len(candidates))
         for c in candidates:
             self._write(c, test[c])
 
     def _write(self, candidate: Candidate, test: TestSums) -> None:
         cost = loop_cost(self.model, candidate.spec)
+        noise = ppl_interval(test.doc_nll_t.numpy(), test.doc_tokens.numpy(), self.base_doc_nll_t, counts=self.counts)
         row = PlacementRow(
             loop=None if candidate.spec is None else str(candidate.spec), operator=candidate.operator,
             beta=candidate.beta, times=candidate.times, width=candidate.width, start=candidate.start,
             mlp_loop=candidate.mlp_loop, passes=cost.passes, multiplier=cost.multiplier,
             ppl=math.exp(test.nll / test.tokens), ppl_t=math.exp(test.nll_t / test.tokens),
             temperature=test.temperature, kl=test.kl / test.tokens, tokens=test.tokens, tokens_val=self.val_tokens,
+            ppl_t_ci=list(noise.confidence_interval), ratio_ci=list(noise.ratio_interval),
+            test_documents=noise.documents,
         )
         append_placement(self.path, row)
         self.rows[row.key] = row

@@ -90,11 +90,11 @@ def run_one(evaluation: Evaluation, study: Study, manager=None) -> Path:
     return evaluation.folder
 
 
-def _worker(study: Study, index: int, device: str | None, threads: int, jobs, events) -> None:
-    """Worker ``index``: take evaluations from ``jobs`` until a ``None``; report to ``events``."""
-    import torch
+def _worker(study: Study, index: int, device: str | None, workers: int, jobs, events) -> None:
+    """Worker ``index`` of ``workers``: take evaluations from ``jobs`` until a ``None``; report to ``events``."""
+    from loopeval.common.threads import configure_threads
 
-    torch.set_num_threads(threads)
+    configure_threads(workers=workers)
     if device is not None:
         study = _on_device(study, device)
     manager = task_manager(study)
@@ -172,8 +172,7 @@ def _pool(evaluations, study, devices, expected, total) -> dict[str, str]:
         jobs.put(e)
     for _ in devices:
         jobs.put(None)
-    threads = max(1, (os.cpu_count() or 1) // len(devices))
-    workers = [context.Process(target=_worker, args=(study, i, d, threads, jobs, events), daemon=True)
+    workers = [context.Process(target=_worker, args=(study, i, d, len(devices), jobs, events), daemon=True)
                for i, d in enumerate(devices)]
     lines = [tqdm(total=0, bar_format="{desc}", desc=f"  worker {i}: idle", position=i + 1, file=sys.stdout,
                   disable=total.disable) for i in range(len(devices))]

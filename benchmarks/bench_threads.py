@@ -1,0 +1,138 @@
+"""The demo's training phase alone and next to a competing CPU-bound job, old thread
+policy against new, side by side in one run.
+
+Each measurement is a fresh process that builds the demo's task, tokenizer and tiny
+Qwen3 exactly as ``loopeval demo`` does (``--size``), then times ``train_model`` of the
+twin for ``--steps`` steps (the demo trains ``SIZES[size].steps`` per model). The
+environment is a new user's: no ``OMP_NUM_THREADS``. Policies:
+
+* ``old``: torch's default (one thread per core), what loopeval did before (the worker
+  gets ``LOOPEVAL_THREADS`` = the core count, which the policy honours);
+* ``new``: ``loopeval.common.threads.configure_threads`` as the demo calls it.
+
+The competitor is one process running float32 matrix products with torch's default
+threads (every core), started before and stopped after each "loaded" measurement.
+Order is interleaved over ``--repeats``; the table shows the median seconds per step,
+and the ratio loaded / alone per policy (target: new <= 2.5, and new alone no slower
+than old alone).
+
+    python benchmarks/bench_threads.py --steps 40 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+COMPETITOR = """
+import torch
+a = torch.randn(1024, 1024)
+while True:
+    a = torch.tanh(a @ a)
+"""
+
+
+def worker(size: str, steps: int, policy: str, root: Path) -> dict:
+    """Build the demo's inputs into ``root`` (once) and time ``steps`` training steps."""
+    from loopeval.evaluation.decoding import DEFAULT_ANSWER_STRING, DEFAULT_THINK_STRING
+    from loopeval.tools.demo import SIZES
+    from loopeval.evaluation.scoring import user_prompt
+    from loopeval.common.threads import configure_threads
+
+    spec = SIZES[size]
+    choice = configure_threads(hidden_size=spec.hidden).to_dict()
+    import torch
+
+    from loopeval.core.checkpoint import save_model
+    from loopeval.tools.synthetic import make_splits, write_splits
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+    from loopeval.training import TrainConfig, train_model
+
+    if not (root / "base").exists():
+        train, test = make_splits(spec.n_train, spec.n_test, seed=0)
+        write_splits(root / "data", train, test)
+        texts = [f"{user_prompt(p.question)} {p.solution}" for p in train] + [DEFAULT_THINK_STRING, DEFAULT_ANSWER_STRING]
+        tokenizer = tiny_tokenizer(texts, vocab_size=spec.vocab)
+        base = tiny_model("qwen3", seed=0, vocab_size=len(tokenizer), num_layers=spec.layers, hidden=spec.hidden)
+        save_model(base, tokenizer, root / "base")
+    config = TrainConfig(steps=steps, batch_size=spec.batch_size, lr=spec.lr, warmup=max(1, steps // 12),
+                         max_length=160, seed=0, data_seed=0, log_every=steps)
+    start = time.perf_counter()
+    train_model(root / "base", root / "data" / "train.jsonl", out=root / f"out-{policy}", config=config,
+                overwrite=True, progress=False)
+    return {"seconds": time.perf_counter() - start, "threads": torch.get_num_threads(), "choice": choice}
+
+
+def _env(policy: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LOOPEVAL_THREADS")}
+    if policy == "old":
+        env["LOOPEVAL_THREADS"] = str(os.cpu_count() or 1)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def measure(args, policy: str, loaded: bool, root: Path) -> dict:
+    competitor = None
+    if loaded:
+        competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=_env())
+        time.sleep(2.0)
+    try:
+        out = subprocess.run([sys.executable, __file__, "--worker", policy, "--size", args.size, "--steps",
+                              str(args.steps), "--root", str(root)], env=_env(policy), capture_output=True, text=True, check=False)
+    finally:
+        if competitor is not None:
+            competitor.kill()
+            competitor.wait()
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="default", help="the demo size whose training phase runs")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--worker", choices=["old", "new"], help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.size, args.steps, args.worker, Path(args.root))))
+        return
+    cases = [(p, loaded) for loaded in (False, True) for p in ("old", "new")]
+    times = {c: [] for c in cases}
+    threads = {}
+    with tempfile.TemporaryDirectory(prefix="bench_threads_") as tmp:
+        root = Path(tmp)
+        measure(args, "old", False, root)  # builds the inputs once (not timed)
+        for i in range(args.repeats):
+            for case in (cases if i % 2 == 0 else cases[::-1]):
+                result = measure(args, *case, root)
+                times[case].append(result["seconds"] / args.steps)
+                threads[case] = result["threads"]
+                print(f"  {case[0]:>3} {'loaded' if case[1] else 'alone':>6}: {result['seconds']:.1f} s, "
+                      f"{result['threads']} thread(s)", file=sys.stderr, flush=True)
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = ()
+    print(f"demo size {args.size}: {args.steps} training steps of the twin, median of {args.repeats}; "
+          f"{os.cpu_count()} cores; load average at the end {', '.join(f'{x:.2f}' for x in load)}")
+    print(f"{'policy':<8}{'threads':>8}{'alone s/step':>14}{'loaded s/step':>15}{'loaded/alone':>14}")
+    for policy in ("old", "new"):
+        alone = statistics.median(times[(policy, False)])
+        loaded = statistics.median(times[(policy, True)])
+        print(f"{policy:<8}{threads[(policy, False)]:>8}{alone:>14.3f}{loaded:>15.3f}{loaded / alone:>14.2f}")
+    old, new = (statistics.median(times[(p, False)]) for p in ("old", "new"))
+    print(f"new alone / old alone: {new / old:.2f}")
+
+
+if __name__ == "__main__":
+    main()
