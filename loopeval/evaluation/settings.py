@@ -25,19 +25,20 @@ WHEN_ANSWERED = ("skip", "force")
 class DecodingOptions:
     """The decoding rules both sides of a comparison must share; all off by default, so
     ``looped`` without options decodes as ``--model hf``. Fields marked ``forcing`` apply
-    only with budget forcing and are recorded as ``None`` without it."""
+    only with budget forcing and are recorded as ``None`` without it (hence their
+    ``| None`` types)."""
 
     budget_forcing: bool = field(default=False, metadata={
         "help": "budget forcing (paper §3): end the reasoning bf_reserve tokens before the budget"})
-    bf_reserve: int = field(default=DEFAULT_RESERVE, metadata={
+    bf_reserve: int | None = field(default=DEFAULT_RESERVE, metadata={
         "forcing": True, "parse": lambda n, v: as_int(n, v, minimum=1),
         "help": "tokens reserved for the answer at budget_scale 1 (the paper's 512)"})
-    bf_reserve_rule: str = field(default="scaled", metadata={
+    bf_reserve_rule: str | None = field(default="scaled", metadata={
         "forcing": True, "choices": RESERVE_RULES,
         "help": "how the reserve follows budget_scale (loopeval.evaluation.decoding.effective_reserve)"})
     bf_string: str | None = field(default=None, metadata={
         "forcing": True, "help": "the forcing string (default: the thinking or answer string, automatically)"})
-    bf_when_answered: str = field(default="skip", metadata={
+    bf_when_answered: str | None = field(default="skip", metadata={
         "forcing": True, "choices": WHEN_ANSWERED,
         "help": "skip rows that already boxed an answer, or force them too"})
     repetition_stop: bool = field(default=False, metadata={
