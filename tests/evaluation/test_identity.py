@@ -29,6 +29,10 @@ def _other(name: str):
             "str": lambda: f"changed-{default}", "dict": lambda: {"changed": True}}[kind]()
 
 
+def _forcing_only(name: str) -> bool:
+    return any(f.name == name and f.metadata.get("forcing") for f in fields(DecodingSettings))
+
+
 def _header_lines(folder: Path):
     (trace,) = folder.rglob("loopeval_trace_*.jsonl")
     lines = trace.read_text().splitlines()
@@ -55,8 +59,10 @@ def test_settings_are_every_decoding_settings_field():
 @pytest.mark.parametrize("name", identity.SETTINGS)
 def test_each_output_setting_is_detected_by_compare_report_study_and_resume_store(tmp_path, name):
     changed = _other(name)
-    a = load_run(_copy_with(tmp_path, "a"))
-    b = load_run(_copy_with(tmp_path, "b", **{name: changed}))
+    # a forcing option changes outputs only with forcing on (without it, it is recorded as None)
+    forcing = {"budget_forcing": True} if _forcing_only(name) else {}
+    a = load_run(_copy_with(tmp_path, "a", **forcing))
+    b = load_run(_copy_with(tmp_path, "b", **forcing, **{name: changed}))
     assert getattr(b.header.decoding, name) == changed
     # compare
     diffs = decoding_differences(a, b)
