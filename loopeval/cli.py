@@ -180,8 +180,9 @@ def fallback_notes(runs, unfinished_fallback: str) -> list[str]:
         for task, t in score_audit(run).tasks.items():
             if t.unfinished_fallback_right:
                 how = "scored wrong" if unfinished_fallback == "wrong" else "credited (--unfinished-fallback wrong to not)"
-                lines.append(f"{role} {task}: {t.unfinished_fallback_right} right verdicts rest on the last number of "
-                             f"a response cut at its budget ({t.unfinished_fallback} such fallbacks); {how}")
+                n = t.unfinished_fallback_right
+                lines.append(f"{role} {task}: {n} right verdict{'s' if n > 1 else ''} rest{'' if n > 1 else 's'} on the "
+                             f"last number of a response cut at its budget ({t.unfinished_fallback} such fallbacks); {how}")
     return lines
 
 
