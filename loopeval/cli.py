@@ -173,11 +173,11 @@ def _nominal_ratio(runs) -> float | None:
 def fallback_notes(runs, unfinished_fallback: str) -> list[str]:
     """One line per run and task whose right verdicts rest on the number fallback of a response
     that did not finish (the looped model's trace says which)."""
-    from loopeval.score_audit import score_audit
+    from loopeval.score_audit import fallback_tasks, score_audit
 
     lines = []
     for role, run in runs.items():
-        for task, t in score_audit(run).tasks.items():
+        for task, t in score_audit(run, tasks=fallback_tasks(run)).tasks.items():
             if t.unfinished_fallback_right:
                 how = "scored wrong" if unfinished_fallback == "wrong" else "credited (--unfinished-fallback wrong to not)"
                 n = t.unfinished_fallback_right
