@@ -51,15 +51,16 @@ def cost_lines(runs: Mapping[str, Run], costs: Mapping[str, float] | None, cost_
 def fallback_notes(runs: Mapping[str, Run], unfinished_fallback: str) -> list[str]:
     """One line per run and task whose right verdicts rest on the number fallback of a response
     that did not finish (the looped model's trace says which)."""
-    from loopeval.analysis.score_audit import score_audit
+    from loopeval.analysis.score_audit import fallback_tasks, score_audit
 
     lines = []
     for role, run in runs.items():
-        for task, t in score_audit(run).tasks.items():
+        for task, t in score_audit(run, tasks=fallback_tasks(run)).tasks.items():
             if t.unfinished_fallback_right:
                 how = "scored wrong" if unfinished_fallback == "wrong" else "credited (--unfinished-fallback wrong to not)"
-                lines.append(f"{role} {task}: {t.unfinished_fallback_right} right verdicts rest on the last number of "
-                             f"a response cut at its budget ({t.unfinished_fallback} such fallbacks); {how}")
+                n = t.unfinished_fallback_right
+                lines.append(f"{role} {task}: {n} right verdict{'s' if n > 1 else ''} rest{'' if n > 1 else 's'} on the "
+                             f"last number of a response cut at its budget ({t.unfinished_fallback} such fallbacks); {how}")
     return lines
 
 

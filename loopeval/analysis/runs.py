@@ -504,7 +504,7 @@ def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str 
     """``"pilot: n of N items"`` when any of the runs covers fewer items of its tasks than
     they hold (a ``--limit`` run, accepted with ``allow_subset``), else ``None``."""
     counts = [(ts.n, ts.n_original) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
-    if all(n == total for n, total in counts):
+    if not runs or all(n == total for n, total in counts):
         return None
     first = runs[0]
     n = sum(ts.n for t, ts in first.tasks.items() if tasks is None or t in tasks)
@@ -537,7 +537,7 @@ class PairedRuns:
     @property
     def pilot(self) -> str | None:
         """``"pilot: n of N items"`` when a run is a subset (:func:`pilot_label`), else ``None``."""
-        return pilot_label([r for rs in self.runs.values() for r in rs], self.tasks)
+        return pilot_label([r for rs in self.runs.values() for r in rs if r is not None], self.tasks)
 
     def accuracy(self, system: str, task: str | None = None) -> float:
         """Seed-averaged accuracy on one task, or the macro over tasks for ``None``."""

@@ -137,14 +137,16 @@ class ScoreAudit:
 def score_audit(run: str | Path | Run, *, tasks: Sequence[str] | None = None,
                 unfinished_fallback: str = "credit") -> ScoreAudit:
     """Audit the scoring of an lm-eval run (a results file, model folder or ``--output_path``
-    folder written with ``--log_samples``); ``tasks`` selects leaf tasks or groups (default: all).
+    folder written with ``--log_samples``, or a loaded :class:`Run`); ``tasks`` selects leaf
+    tasks or groups (of a loaded run: its leaf tasks; default: all).
     ``unfinished_fallback`` (:data:`loopeval.evaluation.fallback.UNFINISHED_FALLBACK`): ``"wrong"``
     rescores number-fallback verdicts from unfinished responses as wrong."""
     check_option(unfinished_fallback)
     loaded = run if isinstance(run, Run) else load_run(run, tasks=tasks)
     configs = json.loads(loaded.path.read_text(encoding="utf-8"))["configs"]
     audited, skipped = {}, {}
-    for name, scores in loaded.tasks.items():
+    selected = loaded.tasks if tasks is None or not isinstance(run, Run) else {t: loaded.tasks[t] for t in tasks}
+    for name, scores in selected.items():
         config = configs[name]
         options = scoring_options(config)
         if config.get("output_type") != "generate_until":
@@ -210,12 +212,18 @@ def _audit_task(task: str, samples: Path, filter_name: str, records: Mapping[int
     )
 
 
+def fallback_tasks(run: Run) -> list[str]:
+    """The run's tasks scored by :mod:`loopeval.evaluation.scoring` with GSM8K's number fallback."""
+    configs = json.loads(run.path.read_text(encoding="utf-8"))["configs"]
+    return [t for t in run.tasks if (scoring_options(configs.get(t, {})) or {}).get("number_fallback")]
+
+
 def unfinished_fallback_wrong(run: Run) -> Run:
     """``run`` read with every right verdict from the number fallback on a response that did
     not finish counted wrong (an item's score loses that response's share); tasks not scored
     by the number fallback are unchanged. Refuses a run whose fallback responses have no
     trace, since whether they finished is then unknown."""
-    audit = score_audit(run)
+    audit = score_audit(run, tasks=fallback_tasks(run))
     tasks = dict(run.tasks)
     for name, t in audit.tasks.items():
         if t.untraced:

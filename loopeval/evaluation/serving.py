@@ -205,12 +205,12 @@ class ServeCost:
             noisy = (r.high - r.low) > NOISY_SPREAD * r.median
             if outside:
                 why = "faster than the unlooped model" if faster else "slower than c allows"
-                note = (f"unreliable: {name} x{r.median:.3f} (per repeat {r.low:.3f} to {r.high:.3f}) says the looped "
+                note = (f"unreliable: {name} per repeat {r.low:.3f} to {r.high:.3f} (median {r.median:.3f}) says the looped "
                         f"model is {why} (c = {c:.3f} allows {low:.3f} to {high:.3f}); likely cause: load from other "
                         f"processes on the machine during the measurement; {more}")
             elif noisy:
-                note = (f"noisy: {name} ratios per repeat range {r.low:.3f} to {r.high:.3f} around {r.median:.3f}; "
-                        f"{more}")
+                note = (f"noisy: {name} ratios per repeat range {r.low:.3f} to {r.high:.3f} (their median "
+                        f"{r.median:.3f}); {more}")
             else:
                 note = ""
             out.append(RatioCheck(name, r, (low, high), not outside, note))

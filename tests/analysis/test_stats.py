@@ -299,7 +299,7 @@ def test_seed_summary_counts_seeds_favouring_the_candidate():
     loop = np.array([[1, 1, 1, 1], [1, 0, 1, 0], [1, 1, 0, 0]], float)
     res = seed_summary(twin, loop)
     assert res.deltas == pytest.approx((1 / 3, 1 / 3, 0, 0)) and (res.favour, res.n) == (2, 4)
-    assert str(res) == "4 (2/4)"
+    assert str(res) == "2 of 4"
     macro_res = seed_summary({"g": twin, "m": loop}, {"g": loop, "m": twin})
     assert macro_res.deltas == pytest.approx((0, 0, 0, 0)) and macro_res.favour == 0
     with pytest.raises(ValueError, match="same number of seeds"):

@@ -150,11 +150,11 @@ def build_report(
 def _fallbacks(evals) -> list[dict]:
     """Per evaluation and task, the GSM8K number-fallback verdicts from responses that did not
     finish (cut at the budget): how many, and how many were scored right by the paper's rule."""
-    from loopeval.analysis.score_audit import score_audit
+    from loopeval.analysis.score_audit import fallback_tasks, score_audit
 
     rows = []
     for e in evals:
-        for task, t in score_audit(e.run).tasks.items():
+        for task, t in score_audit(e.run, tasks=fallback_tasks(e.run)).tasks.items():
             if t.unfinished_fallback or t.untraced:
                 rows.append({"name": e.where.name, "setting": evaluations.label(*e.key), "task": task,
                              "fallback": t.counts["number_fallback"], "unfinished": t.unfinished_fallback,
