@@ -133,3 +133,21 @@ def test_the_resume_store_key_holds_the_seed_and_max_length_and_auto_batch_size_
     run(1, "e", batch_size="auto")
     (trace,) = find_traces(tmp_path / "e")
     assert trace.header.decoding.batch_size.isdigit()
+
+
+def test_the_chat_template_is_recorded_as_applied(setup, tmp_path):
+    """Case 2: chat_template_sha records the template only when prompts were templated, and the
+    two runs' prompts differ item by item, which compare and the report see."""
+    from lm_eval import simple_evaluate
+
+    from loopeval.trace import find_traces
+
+    root, _, manager = setup
+    for name, templated in (("plain", False), ("chat", True)):
+        simple_evaluate(model="looped", model_args={"pretrained": str(root / "base"), "device": "cpu",
+                                                    "trace": str(tmp_path / name)},
+                        tasks=["task_a"], task_manager=manager(include_path=str(root / "tasks")), verbosity="ERROR",
+                        batch_size=2, apply_chat_template=templated)
+    (plain,), (chat,) = find_traces(tmp_path / "plain"), find_traces(tmp_path / "chat")
+    assert plain.header.decoding.chat_template_sha is None and chat.header.decoding.chat_template_sha is not None
+    assert {i.prompt_hash for i in plain.items}.isdisjoint(i.prompt_hash for i in chat.items)

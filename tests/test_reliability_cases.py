@@ -134,3 +134,17 @@ def test_sweep_results_versions_a_list_and_a_store_that_is_a_folder(tmp_path):
     (tmp_path / "store" / "loopeval_responses.jsonl").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"loopeval_responses.jsonl is not a file"):
         ResponseStore(tmp_path / "store")
+
+
+def test_sigterm_reaches_the_worker_pool_as_an_interrupt():  # case 12: no orphan workers
+    import os
+    import signal
+
+    from loopeval.study.execute import _stop_on_sigterm
+
+    previous = _stop_on_sigterm()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
