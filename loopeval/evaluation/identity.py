@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -96,6 +97,12 @@ def parse_model_args(model_args) -> dict:
         return dict(model_args)
     if not isinstance(model_args, str):
         return {}
+    if model_args.strip().startswith("{"):  # lm-eval reads model args as JSON when they hold a brace
+        try:
+            parsed = json.loads(model_args)
+        except json.JSONDecodeError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
     out = {}
     for part in model_args.split(","):
         key, sep, value = part.partition("=")

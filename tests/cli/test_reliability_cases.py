@@ -134,3 +134,42 @@ def test_sweep_results_versions_a_list_and_a_store_that_is_a_folder(tmp_path):
     (tmp_path / "store" / "loopeval_responses.jsonl").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"loopeval_responses.jsonl is not a file"):
         ResponseStore(tmp_path / "store")
+
+
+def test_sigterm_reaches_the_worker_pool_as_an_interrupt():  # case 12: no orphan workers
+    import os
+    import signal
+
+    from loopeval.study.execute import _stop_on_sigterm
+
+    previous = _stop_on_sigterm()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_budget_past_max_length_is_refused_before_compute_naming_budget_scale(tmp_path):  # case 12
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import write_generate_task
+
+    from loopeval import save_model
+    from loopeval.study.plan import check_before_compute, expand
+    from loopeval.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    save_model(tiny_model("qwen3", vocab_size=len(tok), num_layers=2), tok, tmp_path / "m")
+    write_generate_task(tmp_path / "tasks", "tiny_long", [{"question": "1+1?", "answer": "2"}], max_gen_toks=40)
+    study = {**BASE, "tasks": ["tiny_long"], "include_path": [str(tmp_path / "tasks")], "budgets": [1, 2],
+             "lm_eval": {"model_args": {"max_length": 64}},
+             "models": [{"name": "twin", "role": "twin", "path": str(tmp_path / "m")},
+                        {"name": "looped", "role": "looped", "base": str(tmp_path / "m"), "loop": "0:2x2"}]}
+    path = _study(tmp_path, yaml.safe_dump(study))
+    loaded = load_study(path)
+    with pytest.raises(ValueError, match=r"model twin at budget 2x \(budget_scale\) on task tiny_long: max_gen_toks 80 "
+                                         r"leaves no room for a prompt within max_length 64"):
+        check_before_compute(loaded, expand(loaded))

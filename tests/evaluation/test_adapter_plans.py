@@ -105,3 +105,49 @@ def test_check_forcing_against_stops_by_brute_force():
             refused = True
         assert refused == overlaps, stop
 
+
+
+def test_the_resume_store_key_holds_the_seed_and_max_length_and_auto_batch_size_is_recorded(setup, tmp_path):
+    """Case 4: a store made under another seed or max_length is not served; batch_size=auto
+    records the size used (case 10)."""
+    from lm_eval import simple_evaluate
+
+    from loopeval.trace import find_traces
+
+    root, _, manager = setup
+    store = tmp_path / "store"
+
+    def run(seed, trace, batch_size=2, **args):
+        simple_evaluate(model="looped", model_args={"pretrained": str(root / "base"), "device": "cpu",
+                                                    "resume_dir": str(store), "trace": str(tmp_path / trace), **args},
+                        tasks=["task_a"], task_manager=manager(include_path=str(root / "tasks")),
+                        verbosity="ERROR", batch_size=batch_size, torch_random_seed=seed)
+        return len((store / "loopeval_responses.jsonl").read_text().splitlines())
+
+    n = len(QUESTIONS)
+    assert run(1, "a") == n
+    assert run(1, "b") == n  # served
+    assert run(2, "c") == 2 * n  # another seed: generated again
+    assert run(1, "d", max_length=64) == 3 * n  # another max_length: generated again
+    assert {t.header.decoding.seed for t in find_traces(tmp_path / "c")} == {2}
+    run(1, "e", batch_size="auto")
+    (trace,) = find_traces(tmp_path / "e")
+    assert trace.header.decoding.batch_size.isdigit()
+
+
+def test_the_chat_template_is_recorded_as_applied(setup, tmp_path):
+    """Case 2: chat_template_sha records the template only when prompts were templated, and the
+    two runs' prompts differ item by item, which compare and the report see."""
+    from lm_eval import simple_evaluate
+
+    from loopeval.trace import find_traces
+
+    root, _, manager = setup
+    for name, templated in (("plain", False), ("chat", True)):
+        simple_evaluate(model="looped", model_args={"pretrained": str(root / "base"), "device": "cpu",
+                                                    "trace": str(tmp_path / name)},
+                        tasks=["task_a"], task_manager=manager(include_path=str(root / "tasks")), verbosity="ERROR",
+                        batch_size=2, apply_chat_template=templated)
+    (plain,), (chat,) = find_traces(tmp_path / "plain"), find_traces(tmp_path / "chat")
+    assert plain.header.decoding.chat_template_sha is None and chat.header.decoding.chat_template_sha is not None
+    assert {i.prompt_hash for i in plain.items}.isdisjoint(i.prompt_hash for i in chat.items)

@@ -149,6 +149,7 @@ def test_header_mismatch_reads_model_args_as_lm_eval_records_them():
     assert "budget_scale" in identity.header_mismatch(header, "pretrained=toy/twin,budget_scale=0.5")
     assert identity.header_mismatch(header, "pretrained=toy/twin,dtype=auto") is None
     assert "pretrained" in identity.header_mismatch(header, "pretrained=other")
+    assert "budget_scale" in identity.header_mismatch(header, '{"pretrained": "toy/twin", "budget_scale": 0.5}')
 
 
 def test_a_new_header_field_is_identity_unless_named_speed_only():

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from loopeval.common.args import as_bool
 from loopeval.tools.study.spec import DecodingSpec, ModelSpec, Study
 
 SPEC_NAME = "loopeval_evaluation.json"
@@ -160,18 +161,31 @@ def _check_device(study: Study) -> None:
 
 
 def _check_reserves(study: Study) -> None:
-    """Every forcing reserve fits every budget it meets (the forcing string's length is checked
+    """Every budget fits each model's context (``max_length``, else the config's positions), and
+    every forcing reserve fits every budget it meets (the forcing string's length is checked
     again, exactly, by the model before generating)."""
+    from lm_eval.tasks import get_task_dict
+    from transformers import AutoConfig
+
     from loopeval.evaluation.decoding import DEFAULT_RESERVE, effective_reserve, scaled_budget
 
-    forcing = [d for d in study.decoding if str(d.args.get("budget_forcing", "false")).lower() in ("true", "1", "yes", "on")]
-    if not forcing:
-        return
-    from lm_eval.tasks import get_task_dict
-
-    budgets = {name: int(task.config.generation_kwargs.get("max_gen_toks", 256))
+    budgets = {name: int(task.config.generation_kwargs.get("max_gen_toks", _lm_eval_max_gen_toks()))
                for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items()
                if task.OUTPUT_TYPE == "generate_until"}
+    for m in study.models:
+        given = {**study.lm_eval.get("model_args", {}), **m.model_args}.get("max_length")
+        try:
+            context = int(given) if given is not None else getattr(AutoConfig.from_pretrained(m.path),
+                                                                    "max_position_embeddings", None)
+        except (OSError, ValueError, TypeError):
+            context = None
+        for scale in study.budgets if context else ():
+            for task, tokens in budgets.items():
+                if scaled_budget(tokens, scale) >= context:
+                    raise ValueError(f"{study.path}: model {m.name} at budget {scale:g}x (budget_scale) on task {task}: "
+                                     f"max_gen_toks {scaled_budget(tokens, scale)} leaves no room for a prompt within "
+                                     f"max_length {context}; drop that budget or raise max_length")
+    forcing = [d for d in study.decoding if as_bool("budget_forcing", d.args.get("budget_forcing", False))]
     for d in forcing:
         for scale in study.budgets:
             for task, tokens in budgets.items():
