@@ -173,3 +173,23 @@ def letter_rows(n: int, length: int, *, spread: int = 1, stride: int = 1, step: 
 def read_records(path) -> list[dict]:
     """Every record of a JSON-lines file (the tests' one raw reader)."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def write_generate_task(folder, name: str, rows: list[dict], *, max_gen_toks: int) -> None:
+    """A greedy lm-eval generation task ``name`` over ``rows`` ({"question", "answer"}), in ``folder``."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump({
+        "task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "test_split": "test", "output_type": "generate_until",
+        "doc_to_text": "Question: {{question}}\nAnswer:", "doc_to_target": "{{answer}}",
+        "generation_kwargs": {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False},
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+    }))

@@ -251,7 +251,7 @@ class ServeCost:
 
     def to_text(self) -> str:
         """The terminal table: one row per model, then each candidate's ratios next to c."""
-        from loopeval.common.console import table
+        from loopeval.common.text import table
 
         s = self.settings
         header = ("model", "loop", "passes", "prefill ms", "latency ms/tok", "[min, max]", "batch", "tokens/s",

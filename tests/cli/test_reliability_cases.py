@@ -155,7 +155,7 @@ def test_a_budget_past_max_length_is_refused_before_compute_naming_budget_scale(
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import write_generate_task
+    from support import write_generate_task
 
     from loopeval import save_model
     from loopeval.study.plan import check_before_compute, expand

@@ -4,7 +4,7 @@ a stop string can never cut a forced answer (issue 23, cases 3 and 7)."""
 import pytest
 import yaml
 
-from conftest import write_generate_task
+from support import write_generate_task
 
 from loopeval import save_model
 from loopeval.tools.tiny import tiny_model

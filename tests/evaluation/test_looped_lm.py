@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import write_generate_task
+from support import write_generate_task
 
 from loopeval import apply_loop, loop_cost, save_model
 from loopeval.tools.tiny import tiny_model

@@ -254,7 +254,7 @@ def test_lm_eval_static_cache_generates_what_the_dynamic_cache_does(checkpoints,
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from conftest import write_generate_task
+    from support import write_generate_task
     from loopeval.evaluation.model_adapters.looped import LoopedLM
 
     rows = [{"question": q, "answer": "7"} for q in ("What is 3 + 4?", "Tom has 3 apples.", "2 + 2 =")]

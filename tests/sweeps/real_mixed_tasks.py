@@ -2,7 +2,7 @@ import json, sys, time
 from pathlib import Path
 sys.path.insert(0, "tests")
 import yaml
-from conftest import write_generate_task
+from support import write_generate_task
 from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
 import torch

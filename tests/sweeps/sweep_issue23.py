@@ -77,7 +77,7 @@ def study(name, **changes):
 
 def setup_task():
     sys.path.insert(0, "tests")
-    from conftest import write_generate_task
+    from support import write_generate_task
     write_generate_task(T / "tasks", "tiny_boxed", [{"question": "1+1?", "answer": "2"}] * 3, max_gen_toks=16)
 setup_task()
 

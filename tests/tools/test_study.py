@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import write_generate_task
+from support import write_generate_task
 
 from loopeval.cli import main
 from loopeval.tools.study import load_study, run_study

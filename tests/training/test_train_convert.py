@@ -67,7 +67,7 @@ def test_merged_checkpoint_equals_the_unmerged_looped_model_and_has_the_base_par
         assert str(loop_config(merged).spec) == loop if loop else loop_config(merged) is None
         unmerged = AutoModelForCausalLM.from_pretrained(work / "base")
         if loop:
-            apply_loop(unmerged, loop, operator="repeat")  # training's default
+            apply_loop(unmerged, loop_config(merged))  # the loop the checkpoint was trained and saved with
         unmerged = PeftModel.from_pretrained(unmerged, result.path / "adapter").eval()
         assert result.manifest["adapters"] == "adapter"
         with torch.no_grad():

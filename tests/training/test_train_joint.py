@@ -195,7 +195,7 @@ def test_staged_schedule_keeps_the_optimiser_state(work, tokenizer):
     order = batch_order(len(data), batch_size=4, steps=4, seed=0)
 
     def by_hand(reset: bool):
-        model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=8), LOOP, operator="repeat").train()
+        model = apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=8), LOOP).train()
         from loopeval import load_model
 
         model.load_state_dict(load_model(work / "base")[0].state_dict())

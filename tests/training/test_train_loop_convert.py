@@ -371,7 +371,7 @@ def test_heldout_and_intermediate_checkpoints(work, tokenizer):
 
 @pytest.mark.slow
 def test_lm_eval_cli_exit_after_equals_the_loop_saved_at_k(pair, tmp_path):
-    from conftest import write_generate_task
+    from support import write_generate_task
     from support import read_samples, run_lm_eval
 
     from loopeval import remove_loop
