@@ -65,7 +65,7 @@ score = config["process_results"]({{"gold": "72"}}, ["so \\\\boxed{{72}}"])
 print(loopeval.evaluation.scoring.__file__, score["acc"], score["extracted"])
 """
     scoring_file, acc, extracted = run("-c", probe).split()
-    assert Path(scoring_file) == site / "loopeval" / "scoring.py"
+    assert Path(scoring_file) == site / "loopeval" / "evaluation" / "scoring.py"
     assert (acc, extracted) == ("1.0", "72")
 
     # the start-up hook (processed as site-packages would) registers `looped` from the installed copy

@@ -50,7 +50,9 @@ def workdir(tmp_path_factory):
     unrolled = unrolled_copy(base, "1:3x2")
     unrolled.save_pretrained(root / "unrolled")
     tokenizer.save_pretrained(root / "unrolled")
-    save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=4), "1:3x2"), tokenizer, root / "looped")
+    # repeat: the operator the unrolled copy reproduces
+    save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tokenizer), num_layers=4), "1:3x2", operator="repeat"),
+               tokenizer, root / "looped")
     tasks = root / "tasks"
     tasks.mkdir()
     rows = [{"question": q, "answer": "7", "label": i % 3} for i, q in enumerate(QUESTIONS)]
