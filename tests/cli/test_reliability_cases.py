@@ -140,7 +140,7 @@ def test_sigterm_reaches_the_worker_pool_as_an_interrupt():  # case 12: no orpha
     import os
     import signal
 
-    from loopeval.study.execute import _stop_on_sigterm
+    from loopeval.tools.study.execute import _stop_on_sigterm
 
     previous = _stop_on_sigterm()
     try:
@@ -158,8 +158,8 @@ def test_a_budget_past_max_length_is_refused_before_compute_naming_budget_scale(
     from support import write_generate_task
 
     from loopeval import save_model
-    from loopeval.study.plan import check_before_compute, expand
-    from loopeval.tiny import tiny_model, tiny_tokenizer
+    from loopeval.tools.study.plan import check_before_compute, expand
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()
     save_model(tiny_model("qwen3", vocab_size=len(tok), num_layers=2), tok, tmp_path / "m")

@@ -112,7 +112,7 @@ def test_the_resume_store_key_holds_the_seed_and_max_length_and_auto_batch_size_
     records the size used (case 10)."""
     from lm_eval import simple_evaluate
 
-    from loopeval.trace import find_traces
+    from loopeval.evaluation.trace import find_traces
 
     root, _, manager = setup
     store = tmp_path / "store"
@@ -140,7 +140,7 @@ def test_the_chat_template_is_recorded_as_applied(setup, tmp_path):
     two runs' prompts differ item by item, which compare and the report see."""
     from lm_eval import simple_evaluate
 
-    from loopeval.trace import find_traces
+    from loopeval.evaluation.trace import find_traces
 
     root, _, manager = setup
     for name, templated in (("plain", False), ("chat", True)):
