@@ -45,7 +45,7 @@ def _env_info_once() -> None:
     collected for the first evaluation and copied into the others."""
     import copy
 
-    import lm_eval.evaluator as evaluator
+    from lm_eval import evaluator
 
     if getattr(evaluator.add_env_info, "loopeval_once", False):
         return

@@ -11,7 +11,6 @@ is complete; ``loopeval_evaluation.json`` in it records the settings it was made
 from __future__ import annotations
 
 import functools
-
 import json
 from dataclasses import dataclass
 from pathlib import Path
