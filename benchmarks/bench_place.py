@@ -56,22 +56,23 @@ def qwen3_8b_config():
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
 
 
-def _plain_forward(model, text, batch_tokens: int) -> tuple[float, float]:
-    """Seconds for the decoder's layers on every row of ``text`` (val and test, in place's
-    batches) and for the LM head on their scored positions."""
+def _plain_forward(model, text, batch_tokens: int, *, cpu: bool = False) -> tuple[float, float]:
+    """Seconds (wall, or CPU with ``cpu``) for the decoder's layers on every row of ``text``
+    (val and test, in place's batches) and for the LM head on their scored positions."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     rows = torch.cat([text.val.ids, text.test.ids])
     labels = torch.cat([text.val.labels, text.test.labels])
     per = max(1, batch_tokens // rows.shape[1])
     layers = head = 0.0
+    clock = time.process_time if cpu else time.perf_counter
     with torch.no_grad():
         for i in range(0, rows.shape[0], per):
-            t = time.perf_counter()
+            t = clock()
             h = decoder(input_ids=rows[i:i + per], use_cache=False).last_hidden_state
-            layers += time.perf_counter() - t
-            t = time.perf_counter()
+            layers += clock() - t
+            t = clock()
             model.get_output_embeddings()(h[:, :-1][labels[i:i + per, 1:] != -100])
-            head += time.perf_counter() - t
+            head += clock() - t
     return layers, head
 
 
@@ -98,15 +99,18 @@ def real(args) -> None:
     grid = build_grid(n, widths=widths, times=times, betas=betas, starts=starts)
     text = load_text(args.data, tokenizer, seq_len=args.seq_len, max_tokens=args.tokens)
     forward = [_plain_forward(model, text, args.batch_tokens)]
+    forward_cpu = [_plain_forward(model, text, args.batch_tokens, cpu=True)]
     work = Path(tempfile.mkdtemp(prefix="bench_place_real_"))
     if args.refit_head:  # the search before issue 26: the LM head re-applied at every Newton step of a fit
         search.FIT_LOGITS_MEMORY = 0
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     result = place(model, args.data, out=work / "out", tokenizer=tokenizer, widths=widths, times=times, betas=betas,
                    starts=starts,
                    seq_len=args.seq_len, max_tokens=args.tokens, batch_tokens=args.batch_tokens, progress=False)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     forward.append(_plain_forward(model, text, args.batch_tokens))
+    forward_cpu.append(_plain_forward(model, text, args.batch_tokens, cpu=True))
+    layers_cpu, head_cpu = min(f[0] for f in forward_cpu), min(f[1] for f in forward_cpu)
     layers, head = min(f[0] for f in forward), min(f[1] for f in forward)
     per_pass = layers / n
     passes = result.layer_passes
@@ -119,6 +123,9 @@ def real(args) -> None:
           f"position executed ({passes / (len(grid) + 1):.1f} per candidate, the unlooped one included)")
     print(f"search / its layer passes in a plain forward: {wall / (passes * per_pass):.2f}; with one LM head per "
           f"candidate: {wall / (passes * per_pass + (len(grid) + 1) * head):.2f}")
+    print(f"the same in CPU time (less sensitive to load; one thread): search {cpu:.1f} s, a layer pass "
+          f"{layers_cpu / n * 1000:.0f} ms, LM head {head_cpu:.2f} s: {cpu / (passes * layers_cpu / n):.2f}; with one LM "
+          f"head per candidate: {cpu / (passes * layers_cpu / n + (len(grid) + 1) * head_cpu):.2f}")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -8,11 +8,11 @@ import numpy as np
 def holm(pvalues) -> np.ndarray:
     """Holm-adjusted p-values, in the input order; reject where ``adjusted < alpha``.
 
-    statsmodels' ``multipletests(method="holm")``: the ``i``-th smallest of ``m``
-    p-values becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``.
+    The ``i``-th smallest of ``m`` p-values becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``
+    (statsmodels' ``multipletests(method="holm")``, which the tests compare with; it is not
+    called here because it runs ``gc.collect()``, seconds per call in a process holding
+    lm-eval's task index).
     """
-    from statsmodels.stats.multitest import multipletests  # slow import, not at CLI start
-
     p = np.asarray(pvalues, dtype=float)
     if p.ndim != 1:
         raise ValueError(f"holm needs a 1-D sequence of p-values, got shape {p.shape}")
@@ -20,4 +20,9 @@ def holm(pvalues) -> np.ndarray:
         raise ValueError(f"p-values must lie in [0, 1] (no NaN); got {p.tolist()}")
     if not p.size:
         return np.empty(0)
-    return np.asarray(multipletests(p, method="holm")[1], dtype=float)
+    order = np.argsort(p, kind="stable")
+    m = p.size
+    stepped = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    out = np.empty(m)
+    out[order] = stepped
+    return out

@@ -29,19 +29,36 @@ TOLERANCE = 1e-7
 _MAX_EVALUATIONS = 100
 
 
-def slope_and_curvature(chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], b: float) -> tuple[float, float]:
-    """Mean d/db and d2/db2 of the NLL at inverse temperature ``b`` over ``(logits, labels)`` chunks."""
+@dataclass(frozen=True)
+class FitChunk:
+    """A chunk of validation logits as every Newton step reads it: shifted by their row
+    maximum (shift-invariant; keeps the moments small), stacked with their squares, and
+    the label's logit."""
+
+    z: torch.Tensor
+    basis: torch.Tensor
+    target: torch.Tensor
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, labels: torch.Tensor) -> FitChunk:
+        z = logits.float()
+        z = z - z.amax(-1, keepdim=True)
+        return cls(z, torch.stack([z, z * z], -1), z.gather(-1, labels[:, None])[:, 0])
+
+
+def slope_and_curvature(chunks: Iterable[tuple[torch.Tensor, torch.Tensor] | FitChunk], b: float) -> tuple[float, float]:
+    """Mean d/db and d2/db2 of the NLL at inverse temperature ``b`` over ``(logits, labels)``
+    chunks (or ``FitChunk``s prepared once for many steps)."""
     slope = curvature = 0.0
     n = 0
-    for logits, labels in chunks:
-        z = logits.float()
-        z = z - z.amax(-1, keepdim=True)  # shift-invariant; keeps the moments small
-        p = torch.softmax(b * z, -1)
-        moments = torch.bmm(p.unsqueeze(1), torch.stack([z, z * z], -1)).squeeze(1)  # E_p[z], E_p[z^2]
+    for chunk in chunks:
+        c = chunk if isinstance(chunk, FitChunk) else FitChunk.of(*chunk)
+        p = torch.softmax(b * c.z, -1)
+        moments = torch.bmm(p.unsqueeze(1), c.basis).squeeze(1)  # E_p[z], E_p[z^2]
         m1 = moments[:, 0]
-        slope += float((m1 - z.gather(-1, labels[:, None])[:, 0]).double().sum())
+        slope += float((m1 - c.target).double().sum())
         curvature += float((moments[:, 1] - m1 * m1).clamp_min(0).double().sum())
-        n += labels.numel()
+        n += c.target.numel()
     return slope / n, curvature / n
 
 

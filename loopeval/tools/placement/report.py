@@ -14,7 +14,7 @@ COLUMNS = ("rank", "loop", "operator", "beta", "K", "width", "start", "passes", 
 
 
 def _change(ratio: float) -> str:
-    return f"{(ratio - 1) * 100:+.1f}"
+    return f"{(ratio - 1) * 100:+.2f}"
 
 
 def _cells(rank: str, r: PlacementRow, base: PlacementRow) -> list[str]:

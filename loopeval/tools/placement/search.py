@@ -28,7 +28,8 @@ from torch import nn
 
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
-from loopeval.tools.placement.calibration import TEMPERATURE_BOUNDS, TOLERANCE, TestSums, fit_temperature, slope_and_curvature
+from loopeval.tools.placement.calibration import (TEMPERATURE_BOUNDS, TOLERANCE, FitChunk, TestSums, fit_temperature,
+                                            slope_and_curvature)
 from loopeval.tools.placement.engine import NaiveEngine, PassMeter, PrefixEngine
 from loopeval.tools.placement.grid import (DEFAULT_BETAS, DEFAULT_OPERATOR, DEFAULT_TIMES, DEFAULT_WIDTHS, Candidate,
                                      build_grid, mlp_loop_candidates, planned_passes, rounds)
@@ -39,9 +40,9 @@ from loopeval.tools.placement.text import SPLITS, ScoringText, load_text
 
 SCORE_ELEMENTS = 1 << 24
 """Logits scored at once: positions per chunk = SCORE_ELEMENTS // vocabulary size."""
-FIT_LOGITS_MEMORY = 1 << 30
-"""Bytes of one candidate's validation logits kept through its temperature fit (the LM
-head is then applied once per candidate, not once per Newton step)."""
+FIT_LOGITS_MEMORY = 2 << 30
+"""Bytes of one candidate's validation logits (with their squares) kept through its
+temperature fit: the LM head is then applied once per candidate, not once per Newton step."""
 
 
 @dataclass(frozen=True)
@@ -144,10 +145,10 @@ class _Scorer:
     def fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor], start: float):
         """T* from the kept hidden states; their logits are computed once and reused by every
         Newton step when they fit in ``FIT_LOGITS_MEMORY`` (else once per step)."""
-        size = sum(h.shape[0] for h in kept) * self.head.weight.shape[0] * 4
+        size = 3 * sum(h.shape[0] for h in kept) * self.head.weight.shape[0] * 4  # z and [z, z^2], float32
         if size <= FIT_LOGITS_MEMORY:
-            logits = [(z.float(), y) for z, y in self.kept_logits(kept, targets)]
-            return fit_temperature(lambda b: slope_and_curvature(logits, b), start=start)
+            prepared = [FitChunk.of(z, y) for z, y in self.kept_logits(kept, targets)]
+            return fit_temperature(lambda b: slope_and_curvature(prepared, b), start=start)
         return fit_temperature(lambda b: slope_and_curvature(self.kept_logits(kept, targets), b), start=start)
 
 

@@ -40,11 +40,34 @@ def stderr_to(path: Path):
             os.close(saved)
 
 
+def _env_info_once() -> None:
+    """lm-eval records torch's environment report in every result (``pip list`` and other
+    subprocesses, seconds per evaluation); within one process it cannot change, so it is
+    collected for the first evaluation and copied into the others."""
+    import copy
+
+    from lm_eval import evaluator
+
+    if getattr(evaluator.add_env_info, "loopeval_once", False):
+        return
+    collect, known = evaluator.add_env_info, {}
+
+    def add_env_info(storage: dict) -> None:
+        if not known:
+            collect(known)
+        storage.update(copy.deepcopy(known))
+
+    add_env_info.loopeval_once = True
+    evaluator.add_env_info = add_env_info
+
+
 def run_lm_eval(model_args: dict, tasks: list[str], output: Path, *, task_manager, lm_eval: dict, log: Path) -> Path:
     """One ``simple_evaluate`` of the ``looped`` model, saved into ``output`` as lm-eval's CLI
     saves it (``results_*.json`` and ``samples_*.jsonl`` in the model folder)."""
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
+
+    _env_info_once()
 
     tracker = EvaluationTracker(output_path=str(output))
     options = {k: lm_eval[k] for k in ("batch_size", "device", "num_fewshot", "system_instruction",

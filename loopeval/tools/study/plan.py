@@ -10,6 +10,7 @@ is complete; ``loopeval_evaluation.json`` in it records the settings it was made
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,11 +198,22 @@ def _check_reserves(study: Study) -> None:
 
 
 def task_manager(study: Study):
-    from lm_eval.tasks import TaskManager
-
+    """lm-eval's task manager for the study, one per process and include path: built on
+    loopeval's and the study's task folders alone when they hold every task of the study
+    (indexing lm-eval's own thousands of task files takes minutes on a small machine),
+    else with lm-eval's tasks too."""
     from loopeval.common.paths import tasks_path
 
-    return TaskManager(include_path=[str(tasks_path()), *study.include_path])
+    paths = (str(tasks_path()), *study.include_path)
+    small = _task_manager(paths, False)
+    return small if set(study.tasks) <= set(small.all_tasks) else _task_manager(paths, True)
+
+
+@functools.cache
+def _task_manager(paths: tuple[str, ...], defaults: bool):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths), include_defaults=defaults)
 
 
 def _check_tasks(study: Study) -> None:
