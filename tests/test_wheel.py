@@ -77,4 +77,4 @@ import inspect
 print(inspect.getfile(get_model("looped")), get_model("hf").__name__)
 """
     adapter_file, hf = run("-c", probe).split()
-    assert Path(adapter_file) == site / "loopeval" / "model_adapters" / "looped.py" and hf == "HFLM"
+    assert Path(adapter_file) == site / "loopeval" / "evaluation" / "model_adapters" / "looped.py" and hf == "HFLM"

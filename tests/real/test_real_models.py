@@ -117,7 +117,7 @@ def test_gemma3_loops_across_sliding_and_global_layers_past_the_window(gemma3):
     assert ids.shape[1] == 530
     spec = "4:7x2"
     reference = unrolled_copy(model, spec)
-    apply_loop(model, spec)
+    apply_loop(model, spec, operator="repeat")  # the operator the unrolled copy reproduces
     try:
         with torch.no_grad():
             kwargs = dict(max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)

@@ -20,33 +20,42 @@ def test_foreign_folder_is_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
-def _demo(out, **kwargs):
+def _demo(out, log):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "loopeval", "demo", "--size", "tiny", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
+                            stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _wait_for(condition, deadline, what):
+    while not condition():
+        assert time.time() < deadline, what()
+        time.sleep(0.2)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_at", ["3/5", "4/5"])
 def test_interrupted_demo_resumes(tmp_path, stop_at):
     """Ctrl-C during training, or during the evaluations; the rerun finishes the demo."""
-    out = tmp_path / "demo"
-    first = _demo(out)
-    seen = ""
-    deadline = time.time() + 600
-    for line in first.stdout:
-        seen += line
-        if f"[loopeval demo] {stop_at}" in line:
-            time.sleep(3.0 if stop_at == "3/5" else 15.0)
-            break
-        assert time.time() < deadline, seen
-    first.send_signal(signal.SIGINT)
-    first.communicate(timeout=120)
-    assert first.returncode != 0, seen  # it was interrupted, not finished
+    out, log_file = tmp_path / "demo", tmp_path / "first.log"
+    with log_file.open("w") as log:
+        first = _demo(out, log)
+        deadline = time.time() + 600
+        seen = log_file.read_text
+        _wait_for(lambda: f"[loopeval demo] {stop_at}" in seen() or first.poll() is not None, deadline, seen)
+        if stop_at == "3/5":
+            time.sleep(3.0)
+        else:  # interrupt once the first of the 16 evaluations is done: the others are still to run
+            _wait_for(lambda: any(not p.name.startswith(".") for p in (out / "evals").glob("*"))
+                      or first.poll() is not None, deadline, seen)
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=120)
+    assert first.returncode != 0, seen()  # it was interrupted, not finished
     assert json.loads((out / MARKER).read_text())["status"] != "done"
 
-    second = _demo(out)
-    stdout, _ = second.communicate(timeout=900)
+    with (tmp_path / "second.log").open("w") as log:
+        second = _demo(out, log)
+        second.wait(timeout=900)
+    stdout = (tmp_path / "second.log").read_text()
     assert second.returncode == 0, stdout[-3000:]
     assert "resuming the demo interrupted in" in stdout
     if stop_at == "4/5":  # the models were trained: kept, not trained again

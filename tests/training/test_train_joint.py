@@ -285,10 +285,12 @@ def test_a_finished_joint_recipe_holds_neither_its_model_nor_its_teacher(work, t
     from loopeval.training.registry import make_recipe
     from loopeval.training.runner import train_one
 
+    gc.collect()
+    before = {id(o) for o in gc.get_objects() if isinstance(o, PreTrainedModel)}  # other tests' fixtures
     config = TrainConfig(**{**BASE, "steps": 1, "teacher": "frozen-looped", "receiver": "loop"})
     loop = resolve_loop(work / "base", LOOP)
     recipe = make_recipe(config, loop)
     train_one(work / "base", load_data(work / "data.jsonl", tokenizer, max_length=32), None, loop, work / "alive", config,
               recipe, progress=False)
     gc.collect()
-    assert not any(isinstance(o, PreTrainedModel) for o in gc.get_objects())
+    assert not any(isinstance(o, PreTrainedModel) and id(o) not in before for o in gc.get_objects())
