@@ -468,3 +468,16 @@ def test_location_profile_clips_catastrophic_windows(text, tmp_path):
     clipped = sum(v > CLIP for line in lines.values() for v in line.values())
     assert clipped == len(SMALL["widths"]) * len(SMALL["times"])  # one per (width, K) line at start 1
     assert f"{clipped} point(s) above +25%" in svg and "50x the unlooped" in svg
+
+
+def test_too_few_test_documents_call_nothing_distinguishable():
+    """Two documents far apart still give an interval that excludes 1, but only three
+    distinct resamples exist: the candidate is undecided, and the table says why."""
+    from loopeval.tools.placement.noise import MIN_TEST_DOCUMENTS
+
+    tokens = np.array([50.0, 60.0])
+    few = ppl_interval(np.array([100.0, 130.0]), tokens, np.array([60.0, 70.0]))
+    assert few.ratio_interval.low > 1.0 and few.distinguishable is None
+    n = MIN_TEST_DOCUMENTS
+    enough = ppl_interval(np.full(n, 100.0), np.full(n, 50.0), np.full(n, 60.0))
+    assert enough.distinguishable is True

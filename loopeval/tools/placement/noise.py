@@ -19,6 +19,20 @@ from loopeval.analysis.stats.results import ConfidenceInterval, percentile_inter
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95
 SEED = 0
+MIN_TEST_DOCUMENTS = 5
+"""Below this many test documents no candidate is called distinguishable: a bootstrap over
+n documents has only C(2n-1, n) distinct resamples (3 for two documents, 10 for three),
+too few for a 95% percentile interval to mean anything; five give 126. A decision, not the
+paper's."""
+
+
+def distinguishable(ratio_interval, documents: int | None) -> bool | None:
+    """Whether the paired ratio's interval excludes 1; ``None`` (undecided) without an
+    interval or with fewer than :data:`MIN_TEST_DOCUMENTS` test documents."""
+    if ratio_interval is None or documents is None or documents < MIN_TEST_DOCUMENTS:
+        return None
+    low, high = ratio_interval
+    return not low <= 1.0 <= high
 
 
 @dataclass(frozen=True)
@@ -34,8 +48,8 @@ class PPLInterval:
     documents: int
 
     @property
-    def distinguishable(self) -> bool:
-        return not self.ratio_interval.low <= 1.0 <= self.ratio_interval.high
+    def distinguishable(self) -> bool | None:
+        return distinguishable(self.ratio_interval, self.documents)
 
 
 def resample_counts(documents: int, *, n_resamples: int = N_RESAMPLES, seed: int = SEED) -> np.ndarray:

@@ -44,6 +44,12 @@ def noise_summary(result) -> str:
     looped = result.ranked()
     known = [r for r in looped if r.distinguishable is not None]
     if not known:
+        from loopeval.tools.placement.noise import MIN_TEST_DOCUMENTS
+
+        documents = looped[0].test_documents if looped else None
+        if documents is not None and documents < MIN_TEST_DOCUMENTS:
+            return (f"(no candidate is called distinguishable: the bootstrap runs over only {documents} test "
+                    f"document(s), fewer than {MIN_TEST_DOCUMENTS}; give more text, e.g. a larger --max-tokens)")
         return "(no confidence intervals: these rows were written before place recorded them)"
     better = sum(r.distinguishable and r.ppl_t < result.unlooped.ppl_t for r in known)
     worse = sum(r.distinguishable and r.ppl_t > result.unlooped.ppl_t for r in known)

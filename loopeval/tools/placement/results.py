@@ -48,10 +48,11 @@ class PlacementRow:
     @property
     def distinguishable(self) -> bool | None:
         """Whether PPL_T's ratio to the unlooped model's has an interval excluding 1
-        (``loopeval.tools.placement.noise``); ``None`` for rows written without intervals."""
-        if self.loop is None or self.ratio_ci is None:
-            return None
-        return not self.ratio_ci[0] <= 1.0 <= self.ratio_ci[1]
+        (:func:`loopeval.tools.placement.noise.distinguishable`); ``None`` for the unlooped
+        row, rows written without intervals, and too few test documents to tell."""
+        from loopeval.tools.placement.noise import distinguishable
+
+        return None if self.loop is None else distinguishable(self.ratio_ci, self.test_documents)
 
     @property
     def key(self) -> tuple:
