@@ -240,9 +240,8 @@ def _extract(response: str, *, number_fallback: bool,
 
 def _last_number(text: str) -> tuple[str | None, tuple[str, ...]]:
     """The number fallback's answer in ``text`` (separators removed) and its grouping flags."""
-    last = None
-    for last in _FALLBACK.finditer(text):
-        pass
+    matches = list(_FALLBACK.finditer(text))
+    last = matches[-1] if matches else None
     if last is None:
         return None, ()
     kind = last.lastgroup

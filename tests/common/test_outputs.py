@@ -47,7 +47,7 @@ def test_a_held_lock_names_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_
         (tmp_path / LOCK_NAME).write_text(str(holder.pid))
         with pytest.raises(ValueError, match=rf"place: .* in use by another loopeval process \(pid {holder.pid}\)"):
             with folder_lock(tmp_path, "place"):
-                pass
+                pytest.fail("a lock held by a live process was taken")
     finally:
         holder.kill()
         holder.wait()
