@@ -47,7 +47,7 @@ def worker(size: str, steps: int, policy: str, root: Path) -> dict:
     from loopeval.common.threads import configure_threads
 
     spec = SIZES[size]
-    choice = configure_threads(hidden_size=spec.hidden).to_dict()
+    choice = configure_threads().to_dict()
     import torch
 
     from loopeval.core.checkpoint import save_model

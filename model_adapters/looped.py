@@ -249,7 +249,7 @@ class LoopedLM(HFLM):
         super().__init__(pretrained, **kwargs)
         from loopeval.common.threads import configure_threads
 
-        self.threads = configure_threads(self.model)
+        self.threads = configure_threads()
         if self.loop is not None and loop_config(self.model) is None:
             apply_loop(self.model, self.loop)
         self.args = args

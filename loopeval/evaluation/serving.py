@@ -591,7 +591,7 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     loaded = _load(sources, loop, dtype, device)
     from loopeval.common.threads import configure_threads
 
-    threads = configure_threads(loaded[0][1])
+    threads = configure_threads()
     tokenizer = loaded[0][2]
     pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
                             getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)

@@ -172,7 +172,7 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     out = Path(out).resolve()
     settings = {"size": size, "seed": seed, "loop": LOOP, "recipe": recipe}
     trained = _claim(out, settings)
-    threads = configure_threads(hidden_size=spec.hidden)
+    threads = configure_threads()
     for name in ("lm-eval", "lm_eval", "transformers", "datasets"):
         logging.getLogger(name).setLevel(logging.ERROR)
     start = time.time()

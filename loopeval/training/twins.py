@@ -93,7 +93,7 @@ def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: st
     out = Path(out)
     _check_out(out, overwrite)
     looped = _resolve(base, loop, config.recipe, loop_options)
-    configure_threads(base)
+    configure_threads()
     (recipe,), rows, held = _prepare(base, data, heldout, [looped], config, keep_adapters)
     return train_one(base, rows, held, recipe.loop, out, config, recipe, accelerator=accelerator, progress=progress,
                      keep_adapters=keep_adapters)
@@ -114,7 +114,7 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     looped = _resolve(base, loop, config.recipe, loop_options)
     if looped is None:
         raise ValueError("train_twins needs a loop; train_model(..., loop=None) trains a twin alone")
-    configure_threads(base)
+    configure_threads()
     (twin_recipe, looped_recipe), rows, held = _prepare(base, data, heldout, [None, looped], config, keep_adapters)
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
     twin = train_one(base, rows, held, None, out / TWIN, config, twin_recipe, **options)
