@@ -32,18 +32,18 @@ _MAX_EVALUATIONS = 100
 @dataclass(frozen=True)
 class FitChunk:
     """A chunk of validation logits as every Newton step reads it: shifted by their row
-    maximum (shift-invariant; keeps the moments small), stacked with their squares, and
-    the label's logit."""
+    maximum (shift-invariant; keeps the moments small), their squares, and the label's
+    logit."""
 
     z: torch.Tensor
-    basis: torch.Tensor
+    z2: torch.Tensor
     target: torch.Tensor
 
     @classmethod
     def of(cls, logits: torch.Tensor, labels: torch.Tensor) -> FitChunk:
         z = logits.float()
         z = z - z.amax(-1, keepdim=True)
-        return cls(z, torch.stack([z, z * z], -1), z.gather(-1, labels[:, None])[:, 0])
+        return cls(z, z * z, z.gather(-1, labels[:, None])[:, 0])
 
 
 def slope_and_curvature(chunks: Iterable[tuple[torch.Tensor, torch.Tensor] | FitChunk], b: float) -> tuple[float, float]:
@@ -53,11 +53,12 @@ def slope_and_curvature(chunks: Iterable[tuple[torch.Tensor, torch.Tensor] | Fit
     n = 0
     for chunk in chunks:
         c = chunk if isinstance(chunk, FitChunk) else FitChunk.of(*chunk)
-        p = torch.softmax(b * c.z, -1)
-        moments = torch.bmm(p.unsqueeze(1), c.basis).squeeze(1)  # E_p[z], E_p[z^2]
-        m1 = moments[:, 0]
+        e = torch.exp(b * c.z).unsqueeze(1)  # z <= 0 with a 0 in every row: no overflow, a sum >= 1
+        total = e.sum(-1)[:, 0]
+        m1 = torch.bmm(e, c.z.unsqueeze(2))[:, 0, 0] / total  # E_p[z]
+        m2 = torch.bmm(e, c.z2.unsqueeze(2))[:, 0, 0] / total  # E_p[z^2]
         slope += float((m1 - c.target).double().sum())
-        curvature += float((moments[:, 1] - m1 * m1).clamp_min(0).double().sum())
+        curvature += float((m2 - m1 * m1).clamp_min(0).double().sum())
         n += c.target.numel()
     return slope / n, curvature / n
 
@@ -94,6 +95,21 @@ def fit_temperature(derivatives: Callable[[float], tuple[float, float]], *, star
     raise RuntimeError(f"fit_temperature: no convergence in {_MAX_EVALUATIONS} evaluations (T = {math.exp(-u)})")
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The unlooped model's distribution on a chunk of test positions, prepared once for
+    every candidate scored against it: probabilities ``p`` (n, V) and sum_v p log p (n,)."""
+
+    p: torch.Tensor
+    p_log_p: torch.Tensor
+
+    @classmethod
+    def of(cls, logits: torch.Tensor) -> Reference:
+        logp = torch.log_softmax(logits.float(), -1)
+        p = logp.exp()
+        return cls(p, (p * logp).sum(-1))
+
+
 @dataclass
 class TestSums:
     """Sums over test tokens of the plain NLL, the NLL at T*, and KL(unlooped || candidate);
@@ -110,19 +126,22 @@ class TestSums:
         self.doc_nll_t = torch.zeros(self.documents, dtype=torch.float64)
         self.doc_tokens = torch.zeros(self.documents, dtype=torch.float64)
 
-    def add(self, logits: torch.Tensor, labels: torch.Tensor, base_logprobs: torch.Tensor,
+    def add(self, logits: torch.Tensor, labels: torch.Tensor, reference: Reference | None,
             docs: torch.Tensor | None = None) -> None:
-        """``logits`` (n, V), ``labels`` (n,), the unlooped model's log-probabilities (n, V)
-        and each label's test document (n,)."""
+        """``logits`` (n, V), ``labels`` (n,), the unlooped model's ``Reference`` on the same
+        positions (None: these are the unlooped logits, KL 0) and each label's test document
+        (n,). With log q = z - lse(z):
+        NLL = lse(z) - z_y, NLL_T = lse(z/T) - z_y/T, KL = sum p log p - p.z + lse(z)."""
         z = logits.float()
-        logp = torch.log_softmax(z, -1)
-        logp_t = torch.log_softmax(z / self.temperature, -1)
-        index = labels[:, None]
-        self.nll -= float(logp.gather(-1, index).double().sum())
-        nll_t = -logp_t.gather(-1, index)[:, 0].double()
+        lse = torch.logsumexp(z, -1)
+        z_y = z.gather(-1, labels[:, None])[:, 0]
+        self.nll += float((lse - z_y).double().sum())
+        nll_t = (torch.logsumexp(z / self.temperature, -1) - z_y / self.temperature).double()
         self.nll_t += float(nll_t.sum())
         if docs is not None:
             self.doc_nll_t.index_add_(0, docs.cpu(), nll_t.cpu())
             self.doc_tokens.index_add_(0, docs.cpu(), torch.ones(len(docs), dtype=torch.float64))
-        self.kl += float((base_logprobs.exp() * (base_logprobs - logp)).sum(-1).double().sum())
+        if reference is not None:
+            pz = torch.bmm(reference.p.unsqueeze(1), z.unsqueeze(2))[:, 0, 0]
+            self.kl += float((reference.p_log_p - pz + lse).double().sum())
         self.tokens += int(labels.numel())

@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from loopeval.common.threads import adjust_threads, configure_threads
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
-from loopeval.tools.placement.calibration import (TEMPERATURE_BOUNDS, TOLERANCE, FitChunk, TestSums, fit_temperature,
-                                            slope_and_curvature)
+from loopeval.tools.placement.calibration import (TEMPERATURE_BOUNDS, TOLERANCE, FitChunk, Reference, TestSums,
+                                                  fit_temperature, slope_and_curvature)
 from loopeval.tools.placement.engine import NaiveEngine, PassMeter, PrefixEngine
 from loopeval.tools.placement.grid import (DEFAULT_BETAS, DEFAULT_OPERATOR, DEFAULT_TIMES, DEFAULT_WIDTHS, Candidate,
                                      build_grid, mlp_loop_candidates, planned_passes, rounds)
@@ -145,7 +146,7 @@ class _Scorer:
     def fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor], start: float):
         """T* from the kept hidden states; their logits are computed once and reused by every
         Newton step when they fit in ``FIT_LOGITS_MEMORY`` (else once per step)."""
-        size = 3 * sum(h.shape[0] for h in kept) * self.head.weight.shape[0] * 4  # z and [z, z^2], float32
+        size = 2 * sum(h.shape[0] for h in kept) * self.head.weight.shape[0] * 4  # z and z^2, float32
         if size <= FIT_LOGITS_MEMORY:
             prepared = [FitChunk.of(z, y) for z, y in self.kept_logits(kept, targets)]
             return fit_temperature(lambda b: slope_and_curvature(prepared, b), start=start)
@@ -210,9 +211,7 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
 
         model, _ = load_model(model, dtype=getattr(torch, dtype) if dtype else "auto")
         model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    from loopeval.common.threads import configure_threads
-
-    configure_threads(model)
+    configure_threads()
     layers = decoder_layers(model)
     if mlp_loop:
         check_sub_layer_support(layers, LoopSpec.parse(f"0:{num_layers}x2/mlp"))
@@ -322,6 +321,7 @@ class _Search:
 
     def _advance(self, candidates: int) -> None:
         self.bar.update(candidates)
+        adjust_threads()
 
     def _fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
         fit = self.scorer.fit(kept, targets, self.base_temperature)
@@ -350,7 +350,7 @@ class _Search:
             mask, targets = self.scorer.positions(labels)
             for logits, y, d in zip(self.scorer.chunks(final, mask), targets.split(self.scorer.chunk),
                                     docs.split(self.scorer.chunk)):
-                test.add(logits, y, torch.log_softmax(logits.float(), -1), d)
+                test.add(logits, y, None, d)
             self._advance(int(new))
         self.base_doc_nll_t = test.doc_nll_t.numpy()
         if new:
@@ -375,9 +375,9 @@ class _Search:
                 chunks = [self.scorer.chunks(self.base[key], mask), *(self.scorer.chunks(f, mask) for f in finals)]
                 for y, d, base, *logits in zip(targets.split(self.scorer.chunk), docs.split(self.scorer.chunk),
                                                *chunks):
-                    base_logprobs = torch.log_softmax(base.float(), -1)
+                    reference = Reference.of(base)
                     for c, z in zip(group, logits):
-                        test[c].add(z, y, base_logprobs, d)
+                        test[c].add(z, y, reference, d)
             self._advance(len(candidates))
         for c in candidates:
             self._write(c, test[c])
