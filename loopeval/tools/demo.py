@@ -33,6 +33,10 @@ BUDGET = 48  # tokens at 1x; worked solutions take 20-41
 SCALES = (0.5, 1.0, 1.5, 2.0)
 BF_RESERVE = 12
 BF_STRING = " The answer is \\boxed{"  # the solutions' own answer phrase
+TRAIN_THREADS = 1
+"""Per training process: the twin and the looped model train side by side (two cores),
+each at one thread, whatever the load, so the demo's weights and figures are the same on
+every machine (a thread count changes float rounding)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,8 @@ def _train(out: Path, spec: DemoSize, train, train_file: Path, *, seed: int, rec
     base = tiny_model("qwen3", seed=seed, vocab_size=len(tokenizer), num_layers=spec.layers, hidden=spec.hidden)
     save_model(base, tokenizer, out / "base")
 
-    _say(f"3/5 training the twin and the looped model ({LOOP}), {spec.steps} steps each")
+    _say(f"3/5 training the twin and the looped model ({LOOP}), {spec.steps} steps each, at once: "
+         f"{TRAIN_THREADS} thread each, so the figures do not depend on the machine's load")
     config = TrainConfig(
         steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=max(1, spec.steps // 12),
         max_length=160, seed=seed, data_seed=seed, log_every=max(1, spec.steps // 20),
@@ -150,7 +155,8 @@ def _train(out: Path, spec: DemoSize, train, train_file: Path, *, seed: int, rec
         config = TrainConfig(recipe="convert", steps=spec.steps // 2, batch_size=spec.batch_size, lr=spec.lr,
                              warmup=max(1, spec.steps // 24), max_length=160, seed=seed, data_seed=seed + 1,
                              log_every=max(1, spec.steps // 40))
-    twin, looped = train_twins(start_from, train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True)
+    twin, looped = train_twins(start_from, train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True,
+                               parallel=True, threads=TRAIN_THREADS)
     return twin.path, looped.path
 
 
@@ -172,6 +178,7 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     out = Path(out).resolve()
     settings = {"size": size, "seed": seed, "loop": LOOP, "recipe": recipe}
     trained = _claim(out, settings)
+    torch.set_num_threads(TRAIN_THREADS)  # fixed, as in training (TRAIN_THREADS); a user's OMP_NUM_THREADS still stands
     threads = configure_threads()
     for name in ("lm-eval", "lm_eval", "transformers", "datasets"):
         logging.getLogger(name).setLevel(logging.ERROR)

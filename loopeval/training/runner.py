@@ -208,9 +208,10 @@ def _heldout_loss(model, core, data: TrainData, depths: list[int | None], size: 
 
 
 def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig | None, out: Path, config: TrainConfig,
-              recipe: Recipe, *, accelerator=None, progress: bool = True, keep_adapters: bool = False) -> TrainResult:
+              recipe: Recipe, *, accelerator=None, progress: bool = True, keep_adapters: bool = False,
+              bar_position: int = 0) -> TrainResult:
     """Train one model (looped iff ``loop``) by ``recipe`` and save it to ``out``;
-    everything has been checked by the caller."""
+    everything has been checked by the caller. ``bar_position``: the progress bar's line."""
     from accelerate import Accelerator
     from accelerate.utils import gather_object, set_seed
     from tqdm.auto import tqdm
@@ -252,7 +253,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
     depth, step_cost = plan(0)
     draws, curve, terms_curve, heldout_curve, checkpoints = [], [], {}, [], []
     window, terms_window = [], {}
-    bar = tqdm(total=config.steps, desc=f"{recipe.name} {role}", unit="step",
+    bar = tqdm(total=config.steps, desc=f"{recipe.name} {role}", unit="step", position=bar_position,
                disable=not (progress and accelerator.is_main_process))
     started = time.perf_counter()
     eval_time = 0.0

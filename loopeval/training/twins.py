@@ -14,7 +14,7 @@ from pathlib import Path
 
 from loopeval.core.loop import resolve_loop
 from loopeval.core.spec import LoopConfig, LoopSpec
-from loopeval.common.threads import configure_threads
+from loopeval.common.threads import available_cores, configure_threads
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
 from loopeval.training.recipes import Recipe
@@ -102,11 +102,23 @@ def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: st
 def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out: str | Path,
                 config: TrainConfig | None = None, heldout: str | Path | None = None, accelerator=None,
                 overwrite: bool = False, progress: bool = True, keep_adapters: bool = False,
+                parallel: bool = False, threads: int | None = None,
                 **loop_options) -> tuple[TrainResult, TrainResult]:
     """Train the unlooped twin into ``out/twin`` and the looped model into ``out/looped``,
     each from a fresh load of ``base``, by the same recipe on the same tokenised rows
     and batches (options as in :func:`train_model`). Returns ``(twin, looped)``.
-    Everything is checked before the twin starts."""
+    Everything is checked before the twin starts.
+
+    ``parallel``: train both at once, in two local processes of ``threads`` torch threads
+    each (default: half the available cores, at least one), a count fixed for the whole
+    run, so the weights do not depend on the machine's load. On a CPU with small
+    matrices, two one-thread processes use two cores better than one two-thread process.
+    Not with an ``accelerator`` (a distributed job trains one side per launch)."""
+    if parallel and accelerator is not None:
+        raise ValueError("parallel: the twin and the looped model run as two local processes; "
+                         "pass no accelerator (a distributed job trains one side: train_model or --only)")
+    if threads is not None and (not parallel or threads < 1):
+        raise ValueError(f"threads={threads!r}: the per-process thread count of parallel=True, a whole number >= 1")
     config = config or TrainConfig()
     out = Path(out)
     for sub in (TWIN, LOOPED):
@@ -114,8 +126,27 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     looped = _resolve(base, loop, config.recipe, loop_options)
     if looped is None:
         raise ValueError("train_twins needs a loop; train_model(..., loop=None) trains a twin alone")
-    configure_threads()
     (twin_recipe, looped_recipe), rows, held = _prepare(base, data, heldout, [None, looped], config, keep_adapters)
+    sides = [(base, rows, held, None, out / TWIN, config, twin_recipe),
+             (base, rows, held, looped_recipe.loop, out / LOOPED, config, looped_recipe)]
+    if parallel:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        threads = threads or max(1, available_cores() // 2)
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_train_side, threads, side, dict(progress=progress, keep_adapters=keep_adapters,
+                                                                     bar_position=i)) for i, side in enumerate(sides)]
+            return futures[0].result(), futures[1].result()
+    configure_threads()
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
-    twin = train_one(base, rows, held, None, out / TWIN, config, twin_recipe, **options)
-    return twin, train_one(base, rows, held, looped_recipe.loop, out / LOOPED, config, looped_recipe, **options)
+    twin = train_one(*sides[0], **options)
+    return twin, train_one(*sides[1], **options)
+
+
+def _train_side(threads: int, side: tuple, options: dict) -> TrainResult:
+    """One side of ``train_twins(parallel=True)``, in its own process at ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    return train_one(*side, **options)

@@ -253,6 +253,35 @@ def test_bad_inputs_fail_before_weights_load(tmp_path, work, monkeypatch):
 
 
 @pytest.mark.slow
+def test_parallel_twins_equal_sequential_ones(tmp_path, work):
+    """Two spawned one-thread processes train bit-identically what one process trains at one thread."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sequential = train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "seq", config=CONFIG,
+                                 progress=False)
+    finally:
+        torch.set_num_threads(saved)
+    parallel = train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "par", config=CONFIG,
+                           progress=False, parallel=True, threads=1)
+    for one, other in zip(sequential, parallel):
+        assert one.manifest["final_weights_sha256"] == other.manifest["final_weights_sha256"]
+        assert one.manifest["loss_curve"] == other.manifest["loss_curve"]
+    assert twin_mismatches(parallel[0].manifest, parallel[1].manifest) == []
+
+
+def test_parallel_options_are_checked(tmp_path, work):
+    with pytest.raises(ValueError, match="pass no accelerator"):
+        train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "a", config=CONFIG,
+                    parallel=True, accelerator=object())
+    with pytest.raises(ValueError, match="threads=2"):
+        train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "b", config=CONFIG, threads=2)
+    with pytest.raises(ValueError, match="threads=0"):
+        train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "c", config=CONFIG,
+                    parallel=True, threads=0)
+
+
+@pytest.mark.slow
 def test_cli_trains_both_twins(tmp_path, work):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "loopeval", "train", "--base", str(work / "base"), "--data", str(work / "data.jsonl"),
