@@ -388,8 +388,7 @@ class LoopedLM(HFLM):
         contexts = self._batch_contexts
         max_new = max_length - context.shape[1]
         entries = [self._pending[(plan.key, c)].popleft() for c in contexts]
-        if self.check_cache and self.cache_check_result is None:
-            self._run_cache_check(contexts, max_new)
+        self._open_trace(contexts, max_new)
         mask = generation_kwargs.get("attention_mask")
         prompt_tokens = mask.sum(1).tolist() if mask is not None else [context.shape[1]] * len(contexts)
         keys = []
@@ -406,11 +405,7 @@ class LoopedLM(HFLM):
             if self._store is not None:
                 generated = sequences[:, context.shape[1]:].tolist()
                 self._store.add([(k, g, o.__dict__, int(p)) for k, g, o, p in zip(keys, generated, outcomes, prompt_tokens)])
-        if self.args.trace is not None:
-            if self._trace_writer is None:  # after the cache check, so the header records it
-                self._trace_writer = TraceWriter(
-                    self.args.trace, self.trace_header(), rank=self.rank, world_size=self.world_size
-                )
+        if self._trace_writer is not None:
             self._trace_writer.write([
                 self._trace_item(req, c, p, o, max_new, plan.reserve)
                 for (req, _), c, p, o in zip(entries, contexts, prompt_tokens, outcomes)
@@ -473,6 +468,27 @@ class LoopedLM(HFLM):
             bf_reserve=reserve,
             forcing_skipped=outcome.forcing_skipped,
         )
+
+    def _open_trace(self, contexts: list[str], max_new: int) -> None:
+        """Once per evaluation, before its first forward: the cache check (on ``contexts``), then
+        the trace file with its header, which records the check. A scoring-only run
+        (loglikelihood) gets its header too, so what it ran (weights, loop, cost, settings) is
+        on record and two runs can be compared by content."""
+        if self.check_cache and self.cache_check_result is None:
+            self._run_cache_check(contexts, max_new)
+        if self.args.trace is not None and self._trace_writer is None:
+            self._trace_writer = TraceWriter(self.args.trace, self.trace_header(), rank=self.rank,
+                                             world_size=self.world_size)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        if requests:
+            self._open_trace([r.args[0] for r in requests[:4]], 16)
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        if requests:
+            self._open_trace([r.args[0] for r in requests[:4]], 16)
+        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
 
     def _run_cache_check(self, contexts: list[str], max_new: int) -> None:
         result = run_cache_check(self.model, self.tokenizer, contexts[:4], max_new_tokens=min(16, max_new))

@@ -115,7 +115,8 @@ class TaskScores:
 class Run:
     """One lm-eval run: its results file, leaf tasks, groups, configuration and traces.
 
-    ``trace_headers`` are the headers of the traces that supplied records, oldest first;
+    ``trace_headers`` are the headers of the traces that supplied records, oldest first (of a
+    scoring-only run, its traces without records);
     ``trace_error`` says why the folder's traces could not be read (costs then raise it,
     accuracies work).
     """
@@ -347,9 +348,10 @@ def _run_window(results: dict, results_file: Path) -> tuple[float, float] | None
 
 
 def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, model_args=None,
-                 results_file: Path | None = None) -> tuple[dict, dict]:
+                 results_file: Path | None = None) -> tuple[dict, dict, tuple]:
     """``{(task, doc_id, prompt_hash): (trace order, header, records)}`` over the folders' traces,
-    and ``{key: why}`` for the keys held only by traces written outside the run.
+    ``{key: why}`` for the keys held only by traces written outside the run, and the headers
+    of the run's traces without records (a scoring-only run: loglikelihood generates nothing).
 
     Only traces created while the run was evaluating, by a model with the run's
     ``model_args`` (:func:`loopeval.evaluation.identity.header_mismatch`), count: folders are often shared
@@ -379,10 +381,10 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, mo
         for item in trace.items:
             grouped[(item.task, item.doc_id, item.prompt_hash)].append(item)
         index.update({k: (order, trace.header, tuple(v)) for k, v in grouped.items()})
-    return index, foreign
+    return index, foreign, tuple(t.header for t in inside if not t.items)
 
 
-def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict],
+def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict, tuple],
                cluster_field: str | None, allow_subset: bool = False) -> TaskScores:
     n_samples = results.get("n-samples", {})
     if not isinstance(n_samples, dict):
@@ -423,7 +425,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
     doc_ids = np.array(sorted(items))
     recs = [items[d] for d in doc_ids]
     prompt_hashes = tuple(r["hashes"][2] for r in recs)
-    index, foreign = traces
+    index, foreign, _ = traces
     joined = tuple(index.get((task, int(d), h), (None, None, ()))[2] for d, h in zip(doc_ids, prompt_hashes))
     clusters = None
     if cluster_field is not None:
@@ -480,7 +482,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
                               (results.get("config") or {}).get("model_args"), results_file)
         trace_error = None
     except ValueError as exc:  # a crashed run's trace in a shared folder must not block accuracies
-        traces, trace_error = ({}, {}), f"cannot read the cost traces: {exc}"
+        traces, trace_error = ({}, {}, ()), f"cannot read the cost traces: {exc}"
     per_task = {}
     for task in selected:
         wanted = metric.get(task) if isinstance(metric, Mapping) else metric
@@ -494,7 +496,7 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
         tasks=per_task,
         groups={g: m for g, m in members.items() if set(m) <= set(per_task)},
         config=results.get("config", {}),
-        trace_headers=tuple(used[order] for order in sorted(used)),
+        trace_headers=tuple(used[order] for order in sorted(used)) or traces[2],
         trace_error=trace_error,
         versions=_versions(results, results_file),
     )

@@ -170,3 +170,28 @@ def test_the_cli_writes_the_overrides_and_names_what_it_skipped(tmp_path, capsys
     assert "skipped math500_boxed: no " in out and "MATH-500/test.<jsonl|json|parquet|csv>" in out
     assert sorted(p.name for p in (tmp_path / "tasks").glob("*.yaml")) == [
         "gsm8k_boxed.yaml", "gsm8k_boxed_think.yaml", "gsm8k_nll.yaml"]
+
+
+def test_a_scoring_only_looped_run_records_what_it_ran(setup):
+    """A loglikelihood task generates nothing, yet its trace header (weights, loop, cost,
+    settings, the cache check) is written, so a looped and an unlooped run pair by content
+    with no difference reported besides the loop."""
+    from loopeval.analysis.runs import decoding_differences
+
+    root, _ = setup
+    for name, loop in (("plain", {}), ("looped", {"loop": "0:2x2"})):
+        out = root / f"traced_{name}"
+        manager = TaskManager(include_path=[str(root / "tasks")], include_defaults=False)
+        tracker = EvaluationTracker(output_path=str(out))  # before the run, as lm_eval's CLI: it times the run
+        results = lm_eval.simple_evaluate(
+            model="looped", model_args={"pretrained": str(root / "m0"), "dtype": "float32", "device": "cpu",
+                                        "trace": str(out), **loop},
+            tasks=["gsm8k_nll"], task_manager=manager, apply_chat_template=True, bootstrap_iters=0, log_samples=True)
+        samples = results.pop("samples")
+        tracker.save_results_aggregated(results=results, samples=samples)
+        tracker.save_results_samples(task_name="gsm8k_nll", samples=samples["gsm8k_nll"])
+    plain, looped = load_run(root / "traced_plain"), load_run(root / "traced_looped")
+    assert plain.header is not None and looped.header is not None
+    assert plain.header.loop is None and looped.header.loop["loop"] == "0:2x2"
+    assert looped.header.cache_check["ok"] and plain.header.cache_check is None
+    assert decoding_differences(plain, looped) == []
