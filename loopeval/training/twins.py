@@ -131,13 +131,20 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
              (base, rows, held, looped_recipe.loop, out / LOOPED, config, looped_recipe)]
     if parallel:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
 
         threads = threads or max(1, available_cores() // 2)
-        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_train_side, threads, side, dict(progress=progress, keep_adapters=keep_adapters,
-                                                                     bar_position=i)) for i, side in enumerate(sides)]
-            return futures[0].result(), futures[1].result()
+        pool = multiprocessing.get_context("spawn").Pool(2)
+        try:
+            pending = [pool.apply_async(_train_side, (threads, side, dict(progress=progress, keep_adapters=keep_adapters,
+                                                                           bar_position=i))) for i, side in enumerate(sides)]
+            results = pending[0].get(), pending[1].get()
+        except BaseException:  # Ctrl-C or a failed side: stop the other at once, not after its last step
+            pool.terminate()
+            raise
+        finally:
+            pool.close()
+            pool.join()
+        return results
     configure_threads()
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
     twin = train_one(*sides[0], **options)
@@ -145,8 +152,17 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
 
 
 def _train_side(threads: int, side: tuple, options: dict) -> TrainResult:
-    """One side of ``train_twins(parallel=True)``, in its own process at ``threads`` threads."""
+    """One side of ``train_twins(parallel=True)``, in its own process at ``threads`` threads;
+    on Linux it dies with its parent, so a killed run leaves no training behind."""
     import torch
+
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
     torch.set_num_threads(threads)
     return train_one(*side, **options)
