@@ -52,7 +52,7 @@ class DemoSize:
 
 
 SIZES = {
-    # about 8 minutes on 2 CPU cores
+    # about 7 minutes on 2 idle CPU cores (404 s, docs/benchmarks.md)
     "default": DemoSize(n_train=8000, n_test=250, steps=600, batch_size=32, layers=6, hidden=128, vocab=512, lr=4e-3),
     # a smoke test of every stage, for CI (about a minute)
     "tiny": DemoSize(n_train=400, n_test=24, steps=12, batch_size=8, layers=6, hidden=32, vocab=320, lr=3e-3),
