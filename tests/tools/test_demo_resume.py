@@ -22,8 +22,11 @@ def test_foreign_folder_is_refused(tmp_path):
 
 def _demo(out, log):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # pytest-xdist's workers ignore SIGINT, and an ignored signal stays ignored across exec:
+    # give the demo the default disposition a shell gives it, so Ctrl-C reaches it
     return subprocess.Popen([sys.executable, "-m", "loopeval", "demo", "--size", "tiny", "--out", str(out)],
-                            stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+                            stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for(condition, deadline, what):
