@@ -111,8 +111,9 @@ def _cmp_row(name: str, res: dict, task: str) -> str:
     t = res["tasks"][task]
     lo, hi = t["ci"]
     sign = -1 if task == "gsm8k_nll" else 1
+    p = t["mcnemar_pvalue"] if t["decided_by"] == "mcnemar" else t["pvalue"]  # the p of the deciding test
     return (f"| {name} | {t['n']} | {sign * t['baseline']:.4f} | {sign * t['candidate']:.4f} | {t['delta']:+.4f} | "
-            f"[{lo:+.4f}, {hi:+.4f}] | {t['pvalue']:.3g} | {t['outcome']} |")
+            f"[{lo:+.4f}, {hi:+.4f}] | {p:.3g} ({t['decided_by']}) | {t['outcome']} |")
 
 
 CMP_HEADER = ("| comparison | n | baseline | candidate | Δ (+: candidate better) | 95% CI | p | verdict |\n"
