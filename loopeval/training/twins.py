@@ -154,15 +154,14 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
 def _train_side(threads: int, side: tuple, options: dict) -> TrainResult:
     """One side of ``train_twins(parallel=True)``, in its own process at ``threads`` threads;
     on Linux it dies with its parent, so a killed run leaves no training behind."""
+    import contextlib
+    import ctypes
+    import signal
+
     import torch
 
-    try:
-        import ctypes
-        import signal
-
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the pool's terminate() still stops it on Ctrl-C
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
     torch.set_num_threads(threads)
     return train_one(*side, **options)
