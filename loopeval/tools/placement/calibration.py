@@ -29,21 +29,39 @@ TOLERANCE = 1e-7
 _MAX_EVALUATIONS = 100
 
 
+BLOCK_ELEMENTS = 1 << 20
+"""Logits one vocabulary-wide step handles at once (4 MiB of float32): a block stays in
+cache between the passes over it, and its scratch memory is reused, not page-faulted."""
+
+
+def _blocks(rows: int, vocab: int) -> list[slice]:
+    step = max(1, BLOCK_ELEMENTS // vocab)
+    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
+def _scratch(z: torch.Tensor) -> torch.Tensor:
+    """Scratch memory for one block of ``z``'s rows."""
+    return torch.empty(min(z.shape[0], max(1, BLOCK_ELEMENTS // z.shape[1])), z.shape[1], device=z.device)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise dot products of two (n, V) tensors."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2))[:, 0, 0]
+
+
 @dataclass(frozen=True)
 class FitChunk:
     """A chunk of validation logits as every Newton step reads it: shifted by their row
-    maximum (shift-invariant; keeps the moments small), their squares, and the label's
-    logit."""
+    maximum (shift-invariant; keeps the moments small) and the label's logit."""
 
     z: torch.Tensor
-    z2: torch.Tensor
     target: torch.Tensor
 
     @classmethod
     def of(cls, logits: torch.Tensor, labels: torch.Tensor) -> FitChunk:
         z = logits.float()
         z = z - z.amax(-1, keepdim=True)
-        return cls(z, z * z, z.gather(-1, labels[:, None])[:, 0])
+        return cls(z, z.gather(-1, labels[:, None])[:, 0])
 
 
 def slope_and_curvature(chunks: Iterable[tuple[torch.Tensor, torch.Tensor] | FitChunk], b: float) -> tuple[float, float]:
@@ -53,10 +71,14 @@ def slope_and_curvature(chunks: Iterable[tuple[torch.Tensor, torch.Tensor] | Fit
     n = 0
     for chunk in chunks:
         c = chunk if isinstance(chunk, FitChunk) else FitChunk.of(*chunk)
-        e = torch.exp(b * c.z).unsqueeze(1)  # z <= 0 with a 0 in every row: no overflow, a sum >= 1
-        total = e.sum(-1)[:, 0]
-        m1 = torch.bmm(e, c.z.unsqueeze(2))[:, 0, 0] / total  # E_p[z]
-        m2 = torch.bmm(e, c.z2.unsqueeze(2))[:, 0, 0] / total  # E_p[z^2]
+        e, ez = _scratch(c.z), _scratch(c.z)
+        m1, m2 = torch.empty_like(c.target), torch.empty_like(c.target)
+        for rows in _blocks(*c.z.shape):
+            z, eb, ezb = c.z[rows], e[:rows.stop - rows.start], ez[:rows.stop - rows.start]
+            total = torch.mul(z, b, out=eb).exp_().sum(-1)  # z <= 0 with a 0 in every row: no overflow, a sum >= 1
+            torch.mul(eb, z, out=ezb)
+            m1[rows] = ezb.sum(-1) / total  # E_p[z]
+            m2[rows] = _dot(ezb, z) / total  # E_p[z^2]
         slope += float((m1 - c.target).double().sum())
         curvature += float((m2 - m1 * m1).clamp_min(0).double().sum())
         n += c.target.numel()
@@ -95,6 +117,22 @@ def fit_temperature(derivatives: Callable[[float], tuple[float, float]], *, star
     raise RuntimeError(f"fit_temperature: no convergence in {_MAX_EVALUATIONS} evaluations (T = {math.exp(-u)})")
 
 
+def _log_sum_exps(z: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``z`` (n, V): log sum exp z and log sum exp z/T, block by block."""
+    lse, lse_t = z.new_empty(z.shape[0]), z.new_empty(z.shape[0])
+    e, f = _scratch(z), _scratch(z)
+    for rows in _blocks(*z.shape):
+        eb, fb = e[:rows.stop - rows.start], f[:rows.stop - rows.start]
+        top = z[rows].amax(-1)
+        torch.sub(z[rows], top[:, None], out=eb)  # <= 0: no overflow
+        if temperature != 1.0:
+            lse_t[rows] = top / temperature + torch.div(eb, temperature, out=fb).exp_().sum(-1).log()
+        lse[rows] = top + eb.exp_().sum(-1).log()
+        if temperature == 1.0:
+            lse_t[rows] = lse[rows]
+    return lse, lse_t
+
+
 @dataclass(frozen=True)
 class Reference:
     """The unlooped model's distribution on a chunk of test positions, prepared once for
@@ -105,9 +143,11 @@ class Reference:
 
     @classmethod
     def of(cls, logits: torch.Tensor) -> Reference:
-        logp = torch.log_softmax(logits.float(), -1)
-        p = logp.exp()
-        return cls(p, (p * logp).sum(-1))
+        """With lse = log sum exp z: p = exp(z - lse), sum p log p = p.z - lse."""
+        z = logits.float()
+        lse, _ = _log_sum_exps(z)
+        p = torch.sub(z, lse[:, None]).exp_()
+        return cls(p, _dot(p, z) - lse)
 
 
 @dataclass
@@ -133,15 +173,14 @@ class TestSums:
         (n,). With log q = z - lse(z):
         NLL = lse(z) - z_y, NLL_T = lse(z/T) - z_y/T, KL = sum p log p - p.z + lse(z)."""
         z = logits.float()
-        lse = torch.logsumexp(z, -1)
+        lse, lse_t = _log_sum_exps(z, self.temperature)
         z_y = z.gather(-1, labels[:, None])[:, 0]
         self.nll += float((lse - z_y).double().sum())
-        nll_t = (torch.logsumexp(z / self.temperature, -1) - z_y / self.temperature).double()
+        nll_t = (lse_t - z_y / self.temperature).double()
         self.nll_t += float(nll_t.sum())
         if docs is not None:
             self.doc_nll_t.index_add_(0, docs.cpu(), nll_t.cpu())
             self.doc_tokens.index_add_(0, docs.cpu(), torch.ones(len(docs), dtype=torch.float64))
         if reference is not None:
-            pz = torch.bmm(reference.p.unsqueeze(1), z.unsqueeze(2))[:, 0, 0]
-            self.kl += float((reference.p_log_p - pz + lse).double().sum())
+            self.kl += float((reference.p_log_p - _dot(reference.p, z) + lse).double().sum())
         self.tokens += int(labels.numel())

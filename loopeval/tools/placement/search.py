@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from loopeval.common.allocator import keep_freed_memory
 from loopeval.common.threads import adjust_threads, configure_threads
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
@@ -42,7 +43,7 @@ from loopeval.tools.placement.text import SPLITS, ScoringText, load_text
 SCORE_ELEMENTS = 1 << 24
 """Logits scored at once: positions per chunk = SCORE_ELEMENTS // vocabulary size."""
 FIT_LOGITS_MEMORY = 2 << 30
-"""Bytes of one candidate's validation logits (with their squares) kept through its
+"""Bytes of one candidate's validation logits kept through its
 temperature fit: the LM head is then applied once per candidate, not once per Newton step."""
 
 
@@ -132,21 +133,37 @@ class _Scorer:
         mask = labels[:, 1:] != -100
         return mask, labels[:, 1:][mask]
 
+    def _logits(self, hidden: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The LM head on ``hidden``, ``chunk`` rows at a time, written into one buffer
+        (each yielded chunk is overwritten by the next: use it before asking for more)."""
+        linear = type(self.head) is nn.Linear
+        buffer = None
+        for i in range(0, hidden.shape[0], self.chunk):
+            h = hidden[i:i + self.chunk]
+            if not linear:
+                yield self.head(h)
+                continue
+            if buffer is None:
+                buffer = h.new_empty(min(self.chunk, hidden.shape[0]), self.head.weight.shape[0])
+            out = buffer[:h.shape[0]]
+            if self.head.bias is None:
+                yield torch.mm(h, self.head.weight.t(), out=out)
+            else:
+                yield torch.addmm(self.head.bias, h, self.head.weight.t(), out=out)
+
     def chunks(self, final: torch.Tensor, mask) -> Iterator[torch.Tensor]:
-        h = final[:, :-1][mask]
-        for i in range(0, h.shape[0], self.chunk):
-            yield self.head(h[i:i + self.chunk])
+        """The logits at the scored positions of ``final``, as ``_logits`` yields them."""
+        yield from self._logits(final[:, :-1][mask])
 
     def kept_logits(self, kept: list[torch.Tensor], targets: list[torch.Tensor]):
         """``(logits, labels)`` chunks of hidden states kept at scored positions."""
         for h, y in zip(kept, targets):
-            for i in range(0, h.shape[0], self.chunk):
-                yield self.head(h[i:i + self.chunk]), y[i:i + self.chunk]
+            yield from zip(self._logits(h), y.split(self.chunk))
 
     def fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor], start: float):
         """T* from the kept hidden states; their logits are computed once and reused by every
         Newton step when they fit in ``FIT_LOGITS_MEMORY`` (else once per step)."""
-        size = 2 * sum(h.shape[0] for h in kept) * self.head.weight.shape[0] * 4  # z and z^2, float32
+        size = sum(h.shape[0] for h in kept) * self.head.weight.shape[0] * 4  # float32 logits
         if size <= FIT_LOGITS_MEMORY:
             prepared = [FitChunk.of(z, y) for z, y in self.kept_logits(kept, targets)]
             return fit_temperature(lambda b: slope_and_curvature(prepared, b), start=start)
@@ -212,6 +229,7 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
         model, _ = load_model(model, dtype=getattr(torch, dtype) if dtype else "auto")
         model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     configure_threads()
+    keep_freed_memory()
     layers = decoder_layers(model)
     if mlp_loop:
         check_sub_layer_support(layers, LoopSpec.parse(f"0:{num_layers}x2/mlp"))
