@@ -9,6 +9,7 @@
    (``loopeval.tools.study``): both models through lm-eval's ``looped`` model at 0.5, 1, 1.5
    and 2x the token budget, with and without budget forcing (16 real lm-eval runs, with
    traces), resumably.
+   The twin's 8 runs start as soon as it is trained, while the looped model still trains.
 5. The runner writes the two-test report (``loopeval.analysis.report``) to ``OUT/report.html``.
 """
 
@@ -35,8 +36,10 @@ BF_RESERVE = 12
 BF_STRING = " The answer is \\boxed{"  # the solutions' own answer phrase
 TRAIN_THREADS = 1
 """Per training process: the twin and the looped model train side by side (two cores),
-each at one thread, whatever the load, so the demo's weights and figures are the same on
-every machine (a thread count changes float rounding)."""
+each at one thread, whatever the load, so the demo's weights and figures do not depend
+on the machine's load (a thread count changes float rounding). They do depend on the CPU
+and the library versions: at this scale a rounding-level change moves the accuracies by
+points (docs/benchmarks.md, "loopeval demo")."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,9 @@ class DemoSize:
 
 
 SIZES = {
-    # about 7 minutes on 2 idle CPU cores (404 s, docs/benchmarks.md)
-    "default": DemoSize(n_train=8000, n_test=250, steps=600, batch_size=32, layers=6, hidden=128, vocab=512, lr=4e-3),
+    # about 5 minutes on 2 idle CPU cores (docs/benchmarks.md); hidden 96 learns the task as
+    # far as hidden 128 did (26-28% against 25-38%) for 0.6x the training FLOPs
+    "default": DemoSize(n_train=8000, n_test=250, steps=600, batch_size=32, layers=6, hidden=96, vocab=512, lr=4e-3),
     # a smoke test of every stage, for CI (about a minute)
     "tiny": DemoSize(n_train=400, n_test=24, steps=12, batch_size=8, layers=6, hidden=32, vocab=320, lr=3e-3),
 }
@@ -73,14 +77,18 @@ def _task_folder(out: Path, test_file: Path) -> Path:
     return folder
 
 
-def write_study(out: Path, task_folder: Path, twin: Path, looped: Path) -> Path:
+def write_study(out: Path, task_folder: Path, twin: Path, looped: Path | None) -> Path:
     """The demo's study file: both checkpoints, the local task, four budgets, plain decoding
-    and budget forcing on both sides (``loopeval protocol`` runs it)."""
+    and budget forcing on both sides (``loopeval protocol`` runs it). With ``looped=None``,
+    ``twin_study.yaml``: the same study of the twin alone, whose evaluations the full study
+    reuses (they are joined by their settings and weights)."""
+    models = [{"name": "twin", "role": "twin", "path": str(twin)}]
+    if looped is not None:
+        models.append({"name": "looped", "role": "looped", "path": str(looped)})
     study = {
         "name": "loopeval demo",
         "output": ".",
-        "models": [{"name": "twin", "role": "twin", "path": str(twin)},
-                   {"name": "looped", "role": "looped", "path": str(looped)}],
+        "models": models,
         "tasks": [TASK],
         "include_path": [str(task_folder)],
         "budgets": list(SCALES),
@@ -89,7 +97,7 @@ def write_study(out: Path, task_folder: Path, twin: Path, looped: Path) -> Path:
         "lm_eval": {"batch_size": 64, "device": "cpu", "dtype": "float32", "apply_chat_template": True},
         "report": {"title": "loopeval demo: does the loop pay for its compute?"},
     }
-    path = out / "study.yaml"
+    path = out / ("study.yaml" if looped is not None else "twin_study.yaml")
     path.write_text(yaml.safe_dump(study, sort_keys=False, allow_unicode=True))
     return path
 
@@ -126,8 +134,9 @@ def _claim(out: Path, settings: dict) -> bool:
     return trained
 
 
-def _train(out: Path, spec: DemoSize, train, train_file: Path, *, seed: int, recipe: str) -> tuple[Path, Path]:
-    """Stages 2 and 3: the base model and tokenizer, then the twin and the looped model."""
+def _train(out: Path, spec: DemoSize, train, train_file: Path, *, seed: int, recipe: str, on_trained) -> None:
+    """Stages 2 and 3: the base model and tokenizer, then the twin and the looped model
+    (``on_trained`` as in ``train_twins``)."""
     from loopeval.core.checkpoint import save_model
     from loopeval.evaluation.decoding import DEFAULT_ANSWER_STRING, DEFAULT_THINK_STRING
     from loopeval.evaluation.scoring import user_prompt
@@ -155,9 +164,8 @@ def _train(out: Path, spec: DemoSize, train, train_file: Path, *, seed: int, rec
         config = TrainConfig(recipe="convert", steps=spec.steps // 2, batch_size=spec.batch_size, lr=spec.lr,
                              warmup=max(1, spec.steps // 24), max_length=160, seed=seed, data_seed=seed + 1,
                              log_every=max(1, spec.steps // 40))
-    twin, looped = train_twins(start_from, train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True,
-                               parallel=True, threads=TRAIN_THREADS)
-    return twin.path, looped.path
+    train_twins(start_from, train_file, loop=LOOP, out=out / "checkpoints", config=config, overwrite=True,
+                parallel=True, threads=TRAIN_THREADS, on_trained=on_trained)
 
 
 def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: int = 0, recipe: str = "full") -> Path:
@@ -186,23 +194,31 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     torch.manual_seed(seed)
 
     phases = {}
-    _say(f"torch threads: {threads.threads} ({threads.reason})")
+    reason = "fixed by the demo: one per training process" if threads.source == "torch.set_num_threads" else threads.reason
+    _say(f"torch threads: {threads.threads} ({reason})")
     _say(f"1/5 synthetic task: {spec.n_train} training and {spec.n_test} test problems")
     train, test = make_splits(spec.n_train, spec.n_test, seed=seed)
     train_file, test_file = write_splits(out / "data", train, test)
     phases["data"] = time.time() - start
 
+    task_folder = _task_folder(out, test_file)
+    twin_path, looped_path = (out / "checkpoints" / name for name in ("twin", "looped"))
+    study = write_study(out, task_folder, twin_path, looped_path)
+    twin_study = write_study(out, task_folder, twin_path, None)
+
+    def evaluate_twin(result) -> None:
+        if result.manifest["role"] == "twin":
+            _say(f"    the twin is trained: its {2 * len(SCALES)} lm-eval runs of the study start while the looped model trains")
+            run_study(twin_study, report=False, progress=False)
+
     if trained:
         _say("2/5 and 3/5: the base and both trained models are kept from an earlier run with these settings")
-        twin_path, looped_path = (out / "checkpoints" / name for name in ("twin", "looped"))
     else:
-        twin_path, looped_path = _train(out, spec, train, train_file, seed=seed, recipe=recipe)
+        _train(out, spec, train, train_file, seed=seed, recipe=recipe, on_trained=evaluate_twin)
         _mark(out, settings, status="trained")
-    phases["train"] = time.time() - start - sum(phases.values())
+    phases["train (the twin's runs meanwhile)"] = time.time() - start - sum(phases.values())
 
-    task_folder = _task_folder(out, test_file)
-    study = write_study(out, task_folder, twin_path, looped_path)
-    _say(f"4/5 {2 * 2 * len(SCALES)} lm-eval runs of the study {study} (lm-eval's logs: {out / 'logs'})")
+    _say(f"4/5 the {2 * 2 * len(SCALES)} lm-eval runs of the study {study}, finished ones kept (lm-eval's logs: {out / 'logs'})")
     _say(f"    twin and looped x budgets {', '.join(f'{s:g}x' for s in SCALES)}, budget forcing off and on")
     result = run_study(study)
     phases["evaluate and report"] = time.time() - start - sum(phases.values())

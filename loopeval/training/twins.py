@@ -102,7 +102,7 @@ def train_model(base: str | Path, data: str | Path, *, out: str | Path, loop: st
 def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out: str | Path,
                 config: TrainConfig | None = None, heldout: str | Path | None = None, accelerator=None,
                 overwrite: bool = False, progress: bool = True, keep_adapters: bool = False,
-                parallel: bool = False, threads: int | None = None,
+                parallel: bool = False, threads: int | None = None, on_trained=None,
                 **loop_options) -> tuple[TrainResult, TrainResult]:
     """Train the unlooped twin into ``out/twin`` and the looped model into ``out/looped``,
     each from a fresh load of ``base``, by the same recipe on the same tokenised rows
@@ -113,7 +113,11 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     each (default: half the available cores, at least one), a count fixed for the whole
     run, so the weights do not depend on the machine's load. On a CPU with small
     matrices, two one-thread processes use two cores better than one two-thread process.
-    Not with an ``accelerator`` (a distributed job trains one side per launch)."""
+    Not with an ``accelerator`` (a distributed job trains one side per launch).
+
+    ``on_trained(result)`` is called in this process with each side's result as soon as
+    that side is saved, the twin first: with ``parallel``, while the looped model still
+    trains (the demo evaluates its twin then). An exception it raises stops the training."""
     if parallel and accelerator is not None:
         raise ValueError("parallel: the twin and the looped model run as two local processes; "
                          "pass no accelerator (a distributed job trains one side: train_model or --only)")
@@ -137,18 +141,26 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
         try:
             pending = [pool.apply_async(_train_side, (threads, side, dict(progress=progress, keep_adapters=keep_adapters,
                                                                            bar_position=i))) for i, side in enumerate(sides)]
-            results = pending[0].get(), pending[1].get()
+            results = []
+            for side in pending:
+                results.append(side.get())
+                if on_trained is not None:
+                    on_trained(results[-1])
         except BaseException:  # Ctrl-C or a failed side: stop the other at once, not after its last step
             pool.terminate()
             raise
         finally:
             pool.close()
             pool.join()
-        return results
+        return results[0], results[1]
     configure_threads()
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
-    twin = train_one(*sides[0], **options)
-    return twin, train_one(*sides[1], **options)
+    results = []
+    for side in sides:
+        results.append(train_one(*side, **options))
+        if on_trained is not None:
+            on_trained(results[-1])
+    return results[0], results[1]
 
 
 def _train_side(threads: int, side: tuple, options: dict) -> TrainResult:

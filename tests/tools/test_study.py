@@ -139,6 +139,18 @@ def test_a_study_runs_resumes_and_refuses_to_overwrite_other_settings(world, tmp
         run_study(changed, progress=False, report_only=True)
 
 
+def test_evaluations_run_without_a_report_are_reused_by_the_full_study(world, tmp_path):
+    """What the demo does with its twin while the looped model trains."""
+    path = _study(world, tmp_path)
+    first = run_study(path, only="twin__*", report=False, progress=False)
+    assert first.report is None and set(first.outcomes.values()) == {"done"}
+    assert not (tmp_path / "out" / "report.json").exists()
+    result = run_study(path, progress=False)
+    assert result.outcomes == {"twin__plain__0.5x": "skipped: done", "twin__plain__1x": "skipped: done",
+                               "looped__plain__0.5x": "done", "looped__plain__1x": "done"}
+    assert result.report is not None
+
+
 def test_a_checkpoint_retrained_in_place_is_evaluated_again(world, tmp_path, capsys):
     """Issue 23 case 1: a study re-run after retraining the looped checkpoint into its folder
     re-runs that checkpoint's evaluations (the old folders kept), and --no-rerun names the change."""

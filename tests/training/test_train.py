@@ -14,7 +14,7 @@ import torch
 
 from loopeval import load_model, loop_config
 from loopeval.cli import main
-from loopeval.training.manifest import read_manifest, twin_mismatches
+from loopeval.training.manifest import MANIFEST_NAME, read_manifest, twin_mismatches
 from loopeval.training import TrainConfig, load_data, train_model, train_twins, weights_sha256
 from support import LETTERS, letter_rows, write_jsonl
 
@@ -255,19 +255,36 @@ def test_bad_inputs_fail_before_weights_load(tmp_path, work, monkeypatch):
 @pytest.mark.slow
 def test_parallel_twins_equal_sequential_ones(tmp_path, work):
     """Two spawned one-thread processes train bit-identically what one process trains at one thread."""
+    calls = {"seq": [], "par": []}
+
+    def on_trained(mode):  # each side is reported once it is saved, the twin first
+        return lambda result: calls[mode].append((result.manifest["role"], (result.path / MANIFEST_NAME).is_file()))
+
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         sequential = train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "seq", config=CONFIG,
-                                 progress=False)
+                                 progress=False, on_trained=on_trained("seq"))
     finally:
         torch.set_num_threads(saved)
     parallel = train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "par", config=CONFIG,
-                           progress=False, parallel=True, threads=1)
+                           progress=False, parallel=True, threads=1, on_trained=on_trained("par"))
+    assert calls["seq"] == calls["par"] == [("twin", True), ("looped", True)]
     for one, other in zip(sequential, parallel):
         assert one.manifest["final_weights_sha256"] == other.manifest["final_weights_sha256"]
         assert one.manifest["loss_curve"] == other.manifest["loss_curve"]
     assert twin_mismatches(parallel[0].manifest, parallel[1].manifest) == []
+
+
+def test_a_failing_on_trained_stops_the_training(tmp_path, work):
+    def fail(result):
+        raise RuntimeError(f"evaluating the {result.manifest['role']} failed")
+
+    with pytest.raises(RuntimeError, match="evaluating the twin failed"):
+        train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "seq", config=CONFIG,
+                    progress=False, on_trained=fail)
+    assert (tmp_path / "seq" / "twin" / MANIFEST_NAME).is_file()
+    assert not (tmp_path / "seq" / "looped" / MANIFEST_NAME).exists()  # not trained after the failure
 
 
 def test_parallel_options_are_checked(tmp_path, work):

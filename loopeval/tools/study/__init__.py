@@ -42,12 +42,13 @@ class StudyResult:
 
 def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = None, report_only: bool = False,
               workers: int = 1, devices: list[str] | None = None, progress: bool = True,
-              rerun: bool = True) -> StudyResult:
+              rerun: bool = True, report: bool = True) -> StudyResult:
     """Validate the study at ``path``, run what is not done yet (``only``: the evaluations
     whose names match a glob pattern), and write ``OUTPUT/report.html`` and ``report.json``.
     A finished evaluation made with other settings or weights is run again (``rerun=False``:
     refused, naming what changed).
-    ``devices`` runs one worker per device; ``workers`` runs that many CPU workers."""
+    ``devices`` runs one worker per device; ``workers`` runs that many CPU workers.
+    ``report=False`` runs the evaluations and writes no report (``StudyResult.report`` None)."""
     from loopeval.tools.study.execute import run_parallel
 
     study = load_study(path)
@@ -79,6 +80,8 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
             outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
                                          progress=progress))
         missing = [e.name for e in evaluations if not e.folder.is_dir()]
+        if not report:
+            return StudyResult(study, outcomes, None)
         if missing:
             print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
                   f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
