@@ -39,7 +39,7 @@ def _run(root, manager_cls, tasks, model="looped", **args):
     from lm_eval import simple_evaluate
 
     result = simple_evaluate(model=model, model_args={"pretrained": str(root / "base"), "device": "cpu", **args},
-                             tasks=list(tasks), task_manager=manager_cls(include_path=str(root / "tasks")),
+                             tasks=list(tasks), task_manager=manager_cls(include_path=str(root / "tasks"), include_defaults=False),
                              log_samples=True, verbosity="ERROR", batch_size=2)
     return {t: {s["doc_id"]: s["resps"] for s in result["samples"][t]} for t in tasks}
 
@@ -120,7 +120,7 @@ def test_the_resume_store_key_holds_the_seed_and_max_length_and_auto_batch_size_
     def run(seed, trace, batch_size=2, **args):
         simple_evaluate(model="looped", model_args={"pretrained": str(root / "base"), "device": "cpu",
                                                     "resume_dir": str(store), "trace": str(tmp_path / trace), **args},
-                        tasks=["task_a"], task_manager=manager(include_path=str(root / "tasks")),
+                        tasks=["task_a"], task_manager=manager(include_path=str(root / "tasks"), include_defaults=False),
                         verbosity="ERROR", batch_size=batch_size, torch_random_seed=seed)
         return len((store / "loopeval_responses.jsonl").read_text().splitlines())
 
@@ -146,7 +146,7 @@ def test_the_chat_template_is_recorded_as_applied(setup, tmp_path):
     for name, templated in (("plain", False), ("chat", True)):
         simple_evaluate(model="looped", model_args={"pretrained": str(root / "base"), "device": "cpu",
                                                     "trace": str(tmp_path / name)},
-                        tasks=["task_a"], task_manager=manager(include_path=str(root / "tasks")), verbosity="ERROR",
+                        tasks=["task_a"], task_manager=manager(include_path=str(root / "tasks"), include_defaults=False), verbosity="ERROR",
                         batch_size=2, apply_chat_template=templated)
     (plain,), (chat,) = find_traces(tmp_path / "plain"), find_traces(tmp_path / "chat")
     assert plain.header.decoding.chat_template_sha is None and chat.header.decoding.chat_template_sha is not None

@@ -97,7 +97,7 @@ def evaluate(workdir):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(workdir / "tasks"))
+    manager = TaskManager(include_path=str(workdir / "tasks"), include_defaults=False)
 
     def run(lm, tasks=("tiny_gen",)):
         return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=True, verbosity="ERROR")
@@ -212,7 +212,7 @@ def test_thinking_responses_keep_their_block(workdir, evaluate, tmp_path):
         budget_forcing=True, bf_reserve=30, trace=str(tmp_path),
     )
     result = simple_evaluate(
-        model=lm, tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(workdir / "tasks")),
+        model=lm, tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(workdir / "tasks"), include_defaults=False),
         apply_chat_template=True, log_samples=True, verbosity="ERROR",
     )
     (trace,) = find_traces(tmp_path)
@@ -280,7 +280,7 @@ def test_use_cache_is_refused_before_any_work(workdir, tmp_path):
 
     with pytest.raises(ValueError, match="--use_cache keys a result on the request alone.*resume_dir"):
         simple_evaluate(model="looped", model_args=f"pretrained={workdir / 'looped'},device=cpu",
-                        tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(workdir / "tasks")),
+                        tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(workdir / "tasks"), include_defaults=False),
                         use_cache=str(tmp_path / "cache"), verbosity="ERROR")
 
 
@@ -337,7 +337,7 @@ def test_the_budget_forcing_sweep_runs_on_gsm8k(workdir, tmp_path):
     from loopeval.common.paths import tasks_path
 
     folder = local_tasks(tmp_path / "tasks", {"gsm8k_boxed": FIXTURES / "gsm8k.jsonl"})
-    manager = TaskManager(include_path=[str(tasks_path()), str(folder)])
+    manager = TaskManager(include_path=[str(tasks_path()), str(folder)], include_defaults=False)
     for scale in (0.5, 1.0):  # 384 and 768 tokens; the paper's 512-token reserve fits only at 1x
         out = tmp_path / f"bf_{scale}"
         lm = LoopedLM(pretrained=str(workdir / "looped"), device="cpu", batch_size=4, budget_forcing=True,

@@ -259,7 +259,7 @@ def test_lm_eval_static_cache_generates_what_the_dynamic_cache_does(checkpoints,
 
     rows = [{"question": q, "answer": "7"} for q in ("What is 3 + 4?", "Tom has 3 apples.", "2 + 2 =")]
     write_generate_task(tmp_path, "tiny_gen", rows, max_gen_toks=8)
-    manager = TaskManager(include_path=str(tmp_path))
+    manager = TaskManager(include_path=str(tmp_path), include_defaults=False)
     responses = []
     for cache in ("dynamic", "static"):
         lm = LoopedLM(pretrained=str(checkpoints / "looped"), device="cpu", batch_size=3, cache_implementation=cache,
