@@ -119,18 +119,17 @@ def fit_temperature(derivatives: Callable[[float], tuple[float, float]], *, star
 
 def _log_sum_exps(z: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of ``z`` (n, V): log sum exp z and log sum exp z/T, block by block."""
-    lse, lse_t = z.new_empty(z.shape[0]), z.new_empty(z.shape[0])
-    e, f = _scratch(z), _scratch(z)
+    scaled = temperature != 1.0
+    lse, lse_t = z.new_empty(z.shape[0]), z.new_empty(z.shape[0]) if scaled else None
+    e, f = _scratch(z), _scratch(z) if scaled else None
     for rows in _blocks(*z.shape):
-        eb, fb = e[:rows.stop - rows.start], f[:rows.stop - rows.start]
+        eb = e[:rows.stop - rows.start]
         top = z[rows].amax(-1)
         torch.sub(z[rows], top[:, None], out=eb)  # <= 0: no overflow
-        if temperature != 1.0:
-            lse_t[rows] = top / temperature + torch.div(eb, temperature, out=fb).exp_().sum(-1).log()
+        if scaled:
+            lse_t[rows] = top / temperature + torch.div(eb, temperature, out=f[:len(eb)]).exp_().sum(-1).log()
         lse[rows] = top + eb.exp_().sum(-1).log()
-        if temperature == 1.0:
-            lse_t[rows] = lse[rows]
-    return lse, lse_t
+    return lse, lse_t if scaled else lse
 
 
 @dataclass(frozen=True)
