@@ -79,9 +79,9 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
             expected = expected_cost(study, todo) if len(devices or [None] * workers) > 1 else {}
             outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
                                          progress=progress))
-        missing = [e.name for e in evaluations if not e.folder.is_dir()]
         if not report:
             return StudyResult(study, outcomes, None)
+        missing = [e.name for e in evaluations if not e.folder.is_dir()]
         if missing:
             print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
                   f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
