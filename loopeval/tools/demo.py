@@ -194,8 +194,8 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     torch.manual_seed(seed)
 
     phases = {}
-    reason = "fixed by the demo: one per training process" if threads.source == "torch.set_num_threads" else threads.reason
-    _say(f"torch threads: {threads.threads} ({reason})")
+    reason = "fixed by the demo, as in each training process" if threads.source == "torch.set_num_threads" else threads.reason
+    _say(f"torch threads for the evaluations: {threads.threads} ({reason}); training: {TRAIN_THREADS} per process")
     _say(f"1/5 synthetic task: {spec.n_train} training and {spec.n_test} test problems")
     train, test = make_splits(spec.n_train, spec.n_test, seed=seed)
     train_file, test_file = write_splits(out / "data", train, test)
