@@ -37,3 +37,77 @@ def test_looped_model_refuses_a_missing_gguf_file(tmp_path):
 
     with pytest.raises(ValueError, match="looped: pretrained=.*absent.gguf: no such GGUF file"):
         LoopedLM(str(tmp_path), gguf_file="absent.gguf")
+
+
+def _tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()):
+    """A tiny float32 GGUF of ``arch`` written by the gguf library (an independent writer)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    rng = np.random.default_rng(0)
+    heads, kv, ff, vocab = 4, 2, 96, 64
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(blocks)
+    w.add_context_length(128)
+    w.add_embedding_length(width)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(vocab)
+    shapes = {"token_embd.weight": (vocab, width), "output_norm.weight": (width,)}
+    hd = width // heads
+    for b in range(blocks):
+        shapes.update({f"blk.{b}.attn_norm.weight": (width,), f"blk.{b}.attn_q.weight": (width, width),
+                       f"blk.{b}.attn_k.weight": (kv * hd, width), f"blk.{b}.attn_v.weight": (kv * hd, width),
+                       f"blk.{b}.attn_output.weight": (width, width), f"blk.{b}.ffn_norm.weight": (width,),
+                       f"blk.{b}.ffn_gate.weight": (ff, width), f"blk.{b}.ffn_up.weight": (ff, width),
+                       f"blk.{b}.ffn_down.weight": (width, ff)})
+    shapes.update(dict(extra))
+    for name, shape in shapes.items():
+        if name not in drop:
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32) * 0.02)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_damaged_gguf_is_refused_in_one_line_naming_the_file(tmp_path):
+    """Cut anywhere, or with tensors its architecture does not have: one ValueError naming the
+    file, from the header alone (a struct.error or a traceback from transformers before)."""
+    whole = _tiny_gguf(tmp_path / "whole.gguf").read_bytes()
+    check_gguf(tmp_path / "whole.gguf")
+    key = whole.index(b"llama.block_count")
+    cases = {
+        "magic.gguf": (b"GGUF", "not a whole GGUF file"),
+        "in_metadata.gguf": (whole[:key + 5], "cut short in the value of metadata key|cut short in its header"),
+        "in_table.gguf": (whole[:whole.index(b"blk.1.attn_q")], "cut short in its header or tensor table"),
+        "in_data.gguf": (whole[:-100], r"cut short: tensor blk.1.ffn_up.weight needs bytes|cut short: tensor"),
+        "relabelled.gguf": (whole.replace(b"\x00llama", b"\x00qwen2", 1), "architecture 'qwen2', but the metadata has no"),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=rf"^{tmp_path / name}: .*({message})") as info:
+            check_gguf(tmp_path / name)
+        assert "\n" not in str(info.value)
+    faults = {
+        "foreign.gguf": ({"extra": {"blk.0.attn_q_norm.weight": (16,)}}, "has no tensor blk.0.attn_q_norm.weight"),
+        "gap.gguf": ({"drop": ("blk.1.ffn_up.weight",)}, "block 1 of 2 differs from block 0 in tensor ffn_up.weight"),
+        "beyond.gguf": ({"extra": {"blk.2.attn_norm.weight": (64,)}}, "has no tensor blk.2.attn_norm.weight"),
+    }
+    for name, (kwargs, message) in faults.items():
+        with pytest.raises(ValueError, match=message):
+            check_gguf(_tiny_gguf(tmp_path / name, **kwargs))
+
+
+def test_a_gguf_whose_tensors_do_not_make_its_architectures_model_is_refused(tmp_path):
+    """A Llama file labelled qwen2 (metadata renamed too) passes the header, but Qwen2 has
+    attention biases the file lacks: transformers would initialise them; the import refuses."""
+    path = _tiny_gguf(tmp_path / "q.gguf", "qwen2")
+    with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model: \d+ weights are missing "
+                                         r"\(e.g. model.layers.0.self_attn.\w_proj.bias\)"):
+        import_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
