@@ -2,6 +2,7 @@
 SmolLM2 file (tests/real/test_real_models.py)."""
 
 import pytest
+from support import write_tiny_gguf
 
 from loopeval import load_model
 from loopeval.core.gguf import check_gguf, import_gguf
@@ -39,46 +40,10 @@ def test_looped_model_refuses_a_missing_gguf_file(tmp_path):
         LoopedLM(str(tmp_path), gguf_file="absent.gguf")
 
 
-def _tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()):
-    """A tiny float32 GGUF of ``arch`` written by the gguf library (an independent writer)."""
-    import numpy as np
-    from gguf import GGUFWriter
-
-    rng = np.random.default_rng(0)
-    heads, kv, ff, vocab = 4, 2, 96, 64
-    w = GGUFWriter(str(path), arch)
-    w.add_block_count(blocks)
-    w.add_context_length(128)
-    w.add_embedding_length(width)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(vocab)
-    shapes = {"token_embd.weight": (vocab, width), "output_norm.weight": (width,)}
-    hd = width // heads
-    for b in range(blocks):
-        shapes.update({f"blk.{b}.attn_norm.weight": (width,), f"blk.{b}.attn_q.weight": (width, width),
-                       f"blk.{b}.attn_k.weight": (kv * hd, width), f"blk.{b}.attn_v.weight": (kv * hd, width),
-                       f"blk.{b}.attn_output.weight": (width, width), f"blk.{b}.ffn_norm.weight": (width,),
-                       f"blk.{b}.ffn_gate.weight": (ff, width), f"blk.{b}.ffn_up.weight": (ff, width),
-                       f"blk.{b}.ffn_down.weight": (width, ff)})
-    shapes.update(dict(extra))
-    for name, shape in shapes.items():
-        if name not in drop:
-            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32) * 0.02)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def test_a_damaged_gguf_is_refused_in_one_line_naming_the_file(tmp_path):
     """Cut anywhere, or with tensors its architecture does not have: one ValueError naming the
     file, from the header alone (a struct.error or a traceback from transformers before)."""
-    whole = _tiny_gguf(tmp_path / "whole.gguf").read_bytes()
+    whole = write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()
     check_gguf(tmp_path / "whole.gguf")
     key = whole.index(b"llama.block_count")
     cases = {
@@ -100,13 +65,13 @@ def test_a_damaged_gguf_is_refused_in_one_line_naming_the_file(tmp_path):
     }
     for name, (kwargs, message) in faults.items():
         with pytest.raises(ValueError, match=message):
-            check_gguf(_tiny_gguf(tmp_path / name, **kwargs))
+            check_gguf(write_tiny_gguf(tmp_path / name, **kwargs))
 
 
 def test_a_gguf_whose_tensors_do_not_make_its_architectures_model_is_refused(tmp_path):
     """A Llama file labelled qwen2 (metadata renamed too) passes the header, but Qwen2 has
     attention biases the file lacks: transformers would initialise them; the import refuses."""
-    path = _tiny_gguf(tmp_path / "q.gguf", "qwen2")
+    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen2")
     with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model: \d+ weights are missing "
                                          r"\(e.g. model.layers.0.self_attn.\w_proj.bias\)"):
         import_gguf(path, tmp_path / "out")
