@@ -20,6 +20,7 @@ from pathlib import Path
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_MIN_TENSOR = 32  # the fewest bytes a tensor-table entry takes (name length, one dimension, type, offset)
 _DEFAULT_ALIGNMENT = 32
 
 
@@ -124,12 +125,16 @@ def read_header(file: str | Path) -> GGUFHeader:
                 key = r.string()
                 metadata[key] = r.value(r.scalar("<I"))
             key = None
+            if n_tensors * _MIN_TENSOR > size - r.pos:
+                raise _Cut(f"the header claims {n_tensors} tensors, which the {size - r.pos} bytes after the "
+                           "metadata cannot list")
             tensors = {}
-            for _ in range(n_tensors):
+            for i in range(n_tensors):
                 name = r.string()
                 n_dims = r.scalar("<I")
                 if not 1 <= n_dims <= _MAX_DIMS:
-                    raise ValueError(f"tensor {name}: {n_dims} dimensions (GGUF allows 1 to {_MAX_DIMS})")
+                    raise ValueError(f"tensor {i + 1} of {n_tensors} ({name!r}): {n_dims} dimensions "
+                                     f"(GGUF allows 1 to {_MAX_DIMS})")
                 shape = tuple(r.scalar("<Q") for _ in range(n_dims))
                 kind, offset = r.scalar("<I"), r.scalar("<Q")
                 if name in tensors:
@@ -137,7 +142,8 @@ def read_header(file: str | Path) -> GGUFHeader:
                 tensors[name] = Tensor(name, shape, kind, offset, _nbytes(shape, kind, name))
         except _Cut as exc:
             where = f"in the value of metadata key {key!r}" if key else "in its header or tensor table"
-            raise ValueError(f"{file}: the GGUF file is cut short {where} ({exc}; the file has {size})") from None
+            raise ValueError(f"{file}: the GGUF file is cut short {where}, or its counts are wrong ({exc}; the file has "
+                             f"{size} bytes)") from None
         except (ValueError, struct.error) as exc:
             raise ValueError(f"{file}: not a valid GGUF file ({exc})") from None
     alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
