@@ -3,14 +3,11 @@ new cases, none from the issue's list. Each prints VERDICT | case | what happene
 
     PYTHONPATH=. python tests/sweeps/sweep_issue32b.py
 """
-import contextlib
-import io
 import json
 import os
 import struct
 import sys
 import tempfile
-import traceback
 import warnings
 from pathlib import Path
 
@@ -19,28 +16,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import yaml  # noqa: E402
 from support import write_tiny_gguf  # noqa: E402
-
-from loopeval.cli import main  # noqa: E402
+from sweep_common import cli  # noqa: E402
 
 T = Path(tempfile.mkdtemp())
 results = []
 
 
-def cli(argv):
-    err, out = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-        except BaseException:
-            code = "TRACEBACK"
-            err.write(traceback.format_exc())
-    return code, (err.getvalue().strip().splitlines() or [""])[-1]
-
-
 def refused(argv, expect=None):
-    code, err = cli(argv)
+    code, err, _ = cli(argv)
+    err = (err or [""])[0]
     ok = code == 2 and "Traceback" not in err and (expect is None or expect in err)
     return ("REFUSED" if ok else "TRACEBACK" if code == "TRACEBACK" else f"WRONG({code})"), err
 
@@ -103,7 +87,7 @@ def two_shards():
     argv = data_case("gsm8k/main/test-00000-of-00002.jsonl", GSM)
     (Path(argv[2]) / "gsm8k/main/test-00001-of-00002.jsonl").write_text(GSM)
     (Path(argv[2]) / "gsm8k/main/test-old.jsonl").write_text(GSM)
-    code, err = cli(argv)
+    code, err, _ = cli(argv)
     yaml_file = Path(argv[4]) / "gsm8k_boxed.yaml"
     files = yaml.safe_load(yaml_file.read_text())["dataset_kwargs"]["data_files"]["test"] if yaml_file.is_file() else []
     return ("ACCEPTED-CORRECTLY" if code == 0 and [Path(f).name for f in files] == [
