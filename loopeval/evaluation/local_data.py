@@ -127,13 +127,17 @@ def _records(file: Path) -> list[tuple[str, dict]]:
 
     if ext == "json":
         try:
-            whole = json.loads(file.read_text(encoding="utf-8"))
+            text = file.read_text(encoding="utf-8")
+            whole = json.loads(text)
         except (ValueError, UnicodeDecodeError):
             whole = None  # JSON lines, read below
         if isinstance(whole, list):
-            rows = [(f"{file}: record {i + 1}", an_object(i, r)) for i, r in enumerate(whole)]
+            rows = [(f"{file}: record {i + 1}", r) for i, r in enumerate(whole)]
+            bad = next((where for where, r in rows if not isinstance(r, dict)), None)
+            if bad is not None:
+                raise ValueError(f"{bad}: expected a JSON object")
             ext = None
-        elif whole is not None and not isinstance(whole, dict):
+        elif whole is not None and (not isinstance(whole, dict) or "\n" in text.strip()):
             raise ValueError(f"{file}: holds a JSON {type(whole).__name__}, not records (JSON lines or a list of objects)")
     if ext in ("jsonl", "json"):
         rows = [(f"{file}:{lineno}", r) for lineno, r in read_jsonl(file, an_object, what="data")]

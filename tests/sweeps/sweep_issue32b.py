@@ -76,6 +76,8 @@ def data_case(relative, content):
 GSM = json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n"
 case("local CSV with a header only", lambda: refused(data_case("gsm8k/main/test.csv", "question,answer\n"), "holds no records"))
 case("local .json holding a number", lambda: refused(data_case("gsm8k/main/test.json", "7"), "holds a JSON int"))
+case("local .json list whose second record is a number", lambda: refused(data_case(
+    "gsm8k/main/test.json", "[" + GSM.strip() + ", 3]"), "test.json: record 2: expected a JSON object"))
 case("local parquet of garbage bytes", lambda: refused(data_case("gsm8k/main/test.parquet", b"PAR1garbage"), "not a readable parquet file"))
 case("local JSONL line not UTF-8", lambda: refused(data_case("gsm8k/main/test.jsonl", GSM.encode() + b'{"question": "\xff"}\n'), "test.jsonl:2"))
 case("local ARC record whose answerKey is no label", lambda: refused(data_case(
