@@ -59,10 +59,10 @@ def _cut_gguf(tmp: Path) -> Path:
     return tmp / "cut.gguf"
 
 
-def _gsm8k(tmp: Path, text: str) -> Path:
+def _gsm8k(tmp: Path, text: str, name: str = "test.jsonl") -> Path:
     folder = tmp / "data" / "gsm8k" / "main"
     folder.mkdir(parents=True)
-    (folder / "test.jsonl").write_text(text)
+    (folder / name).write_text(text)
     return tmp / "data"
 
 
@@ -123,6 +123,9 @@ TABLE = {
     "local-tasks-missing-field": (lambda tmp: ["local-tasks", "--data", str(_gsm8k(tmp, GSM8K_ROW + '{"question": "x"}\n')),
                                                "--out", str(tmp / "t")],
                                   r"test.jsonl:2: no field 'answer' \(task gsm8k_boxed reads it; fields: question\)", 2),
+    "local-tasks-json-list-non-object": (lambda tmp: ["local-tasks", "--data", str(_gsm8k(tmp, "[" + GSM8K_ROW.strip() + ", 3]",
+                                                                                           "test.json")), "--out", str(tmp / "t")],
+                                         r"test.json: record 2: expected a JSON object", 2),
     "local-tasks-out-installed": (lambda tmp: ["local-tasks", "--data", str(_gsm8k(tmp, GSM8K_ROW)), "--out",
                                                str(tasks_path())],
                                   r"--out .*tasks is inside loopeval's installed folder", 2),
