@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loopeval.common.args import as_bool
+from loopeval.evaluation.local_data import check_local_tasks
 from loopeval.tools.study.spec import DecodingSpec, ModelSpec, Study
 
 SPEC_NAME = "loopeval_evaluation.json"
@@ -110,11 +111,13 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
     """Everything that can be known before any weights load: the tasks exist, each model's
     loop fits its config, twins and looped models get the same per-model args (unless the
     study names the difference in ``intended_differences``), twins share their training
-    manifest, and no finished folder was made with other settings."""
+    manifest, the data of local tasks (``loopeval local-tasks``) reads, and no finished
+    folder was made with other settings."""
     from loopeval.core.loop import resolve_loop
     from loopeval.training.manifest import find_manifest, twin_mismatches
 
     _check_tasks(study)
+    check_local_tasks(study.include_path)
     _check_device(study)
     _check_reserves(study)
     for i, m in enumerate(study.models):
