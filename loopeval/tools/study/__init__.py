@@ -61,6 +61,7 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
     if ray and (devices or workers > 1):
         raise ValueError("--ray schedules the evaluations itself: give it without --workers or --devices")
     on_ray = _ray_options(study, study.ray is not None and not devices and workers == 1 if ray is None else ray)
+    study = replace(study, ray=on_ray)
     evaluations = expand(study)
     chosen = [e for e in evaluations if only is None or fnmatch.fnmatch(e.name, only)]
     if not chosen:

@@ -51,7 +51,7 @@ class DecodingSpec:
 
 @dataclass(frozen=True)
 class RayOptions:
-    """The study's ``ray:`` key (``ray: true`` for the defaults): where the Ray cluster is
+    """The study's ``ray:`` key (``ray: true`` for the defaults, ``ray: ADDRESS``): where the Ray cluster is
     and what each evaluation asks it for (docs/protocol.md, "On a Ray cluster")."""
 
     address: str | None = None  # None: start a local Ray; "auto": the cluster this node joined (`ray start`)
@@ -309,6 +309,8 @@ def _decoding(w: _Where, entries) -> tuple[DecodingSpec, ...]:
 def _ray(w: _Where, value) -> RayOptions | None:
     if isinstance(value, bool) or value is None:
         return RayOptions() if value else None
+    if isinstance(value, str):
+        return RayOptions(address=value)
     given = {k: v for k, v in w.mapping(value, "ray", RAY_KEYS).items() if v is not None}
     parse = {"address": lambda n, v: as_text(n, str(v)), "cpus": lambda n, v: as_float(n, v, positive=True),
              "gpus": _non_negative, "retries": lambda n, v: as_int(n, v, minimum=0)}
