@@ -33,8 +33,10 @@ def _ray():
 
 @pytest.fixture(scope="module")
 def cluster():
+    """A local Ray of 2 CPUs and 1 GPU that Ray counts but this machine lacks: a task asking for
+    it takes the GPU path (its own worker, ``CUDA_VISIBLE_DEVICES`` set by Ray) and runs on the CPU."""
     ray = _ray()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
@@ -109,7 +111,7 @@ def _pid_when_started(log: Path, partial: Path, attempt: int = 1) -> int:
 
 @pytest.mark.slow
 def test_a_killed_task_is_run_again_to_the_same_result(cluster, world, single, tmp_path):  # noqa: F811
-    path = _study(world, tmp_path, ray={"retries": 1})
+    path = _study(world, tmp_path, ray={"retries": 1, "gpus": 1})  # device: cpu, on the GPU path
     (evaluation,) = [e for e in expand(load_study(path)) if e.name == "looped__plain__1x"]
     killed = []
 
@@ -210,9 +212,9 @@ def test_without_ray_the_flag_names_the_extra(world, tmp_path, monkeypatch, caps
 
 
 def test_what_no_node_can_hold_is_refused_before_anything_runs(cluster, world, tmp_path):  # noqa: F811
-    with pytest.raises(ValueError, match=r"asks Ray for 1 CPU\(s\) and 1 GPU\(s\) on one node, but the largest node "
-                                         r"of the cluster has 2 CPU\(s\) and 0 GPU\(s\)"):
-        run_study(_study(world, tmp_path, ray={"gpus": 1}), progress=False)
+    with pytest.raises(ValueError, match=r"asks Ray for 1 CPU\(s\) and 2 GPU\(s\) on one node, but the largest node "
+                                         r"of the cluster has 2 CPU\(s\) and 1 GPU\(s\)"):
+        run_study(_study(world, tmp_path, ray={"gpus": 2}), progress=False)
     with pytest.raises(ValueError, match=r"lm_eval.device: cuda:1 names a device of one machine"):
         run_study(_study(world, tmp_path, ray=True, lm_eval={"device": "cuda:1"}), progress=False)
     assert not (tmp_path / "out" / "evals").exists()

@@ -16,6 +16,7 @@ task not finished.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -69,13 +70,11 @@ def run_on_ray(evaluations: list[Evaluation], study: Study, options: RayOptions,
     """Run ``evaluations`` as Ray tasks, longest (``expected`` cost) first; returns ``{name: "done" | error}``.
     Joins the running Ray of this process if there is one, else ``ray.init(options.address)``
     (``None``: a local Ray on this machine's cores), and shuts down what it started."""
-    from ray.util.queue import Queue
-
     ray = import_ray()
     started = not ray.is_initialized()
     if started:
         ray.init(address=options.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    events = None
+    starts = None
     try:
         _check_device(study)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -83,33 +82,49 @@ def run_on_ray(evaluations: list[Evaluation], study: Study, options: RayOptions,
         wants = {e.name: evaluation_resources(e, study, options, cluster_has_gpus=cluster_has_gpus) for e in evaluations}
         _check_fits(wants, nodes, ray.cluster_resources().get("GPU", 0))
         _check_shared_paths(ray, study, nodes)
-        events = Queue(actor_options={"num_cpus": 0})
-        task = ray.remote(_task)
+        starts = ray.remote(num_cpus=0)(Starts).remote()
+        # a GPU task gets a fresh worker (CUDA cannot move to the next task's GPUs); a CPU task sees no GPU
+        on_gpu, on_cpu = ray.remote(max_calls=1)(_task), ray.remote(_task)
         study_ref = ray.put(study)
         refs = {}
         for e in sorted(evaluations, key=lambda e: -expected.get(e.name, 0)):
             want = wants[e.name]
-            no_gpu = {} if want.gpus else {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}}
-            refs[task.options(num_cpus=want.cpus, num_gpus=want.gpus, max_retries=options.retries,
-                              retry_exceptions=True, name=e.name, **no_gpu).remote(e, study_ref, events)] = e
-        return _collect(ray, refs, events, expected, progress)
+            task, hidden = (on_gpu, None) if want.gpus else (on_cpu, {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}})
+            refs[task.options(num_cpus=want.cpus, num_gpus=want.gpus, max_retries=options.retries, retry_exceptions=True,
+                              name=e.name, runtime_env=hidden).remote(e, study_ref, starts)] = e
+        return _collect(ray, refs, starts, expected, progress, attempts=options.retries + 1)
     finally:
-        if events is not None:
-            events.shutdown()
+        if starts is not None:
+            ray.kill(starts)
         if started:
             ray.shutdown()
 
 
-def _task(evaluation: Evaluation, study: Study, events) -> str:
+class Starts:
+    """Where each task says it started: the tasks send, the driver takes what came."""
+
+    def __init__(self):
+        self.started: list[tuple[str, str, float]] = []
+
+    def record(self, name: str, node: str, at: float) -> None:
+        self.started.append((name, node, at))
+
+    def take(self) -> list[tuple[str, str, float]]:
+        taken, self.started = self.started, []
+        return taken
+
+
+def _task(evaluation: Evaluation, study: Study, starts) -> str:
     """One attempt at one evaluation, on a Ray worker: its node, pid and time go first into its
-    log and to the driver; an error goes into the log with its traceback, then to Ray."""
+    log and to the driver (without waiting: a task waiting on Ray lends its CPU to another
+    task); an error goes into the log with its traceback, then to Ray."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()[:8]
     evaluation.log.parent.mkdir(parents=True, exist_ok=True)
     with open(evaluation.log, "a") as log:
         log.write(f"{START} on node {node}, pid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    events.put((evaluation.name, node, time.time()))
+    starts.record.remote(evaluation.name, node, time.time())
     try:
         run_one(evaluation, study)
     except BaseException:
@@ -119,7 +134,7 @@ def _task(evaluation: Evaluation, study: Study, events) -> str:
     return evaluation.name
 
 
-def _collect(ray, refs: dict, events, expected: dict[str, float], progress: bool) -> dict[str, str]:
+def _collect(ray, refs: dict, starts, expected: dict[str, float], progress: bool, *, attempts: int) -> dict[str, str]:
     """Wait for every task, showing the evaluations done of all and one line per running
     evaluation (its node, attempt and an ETA from the measured speed and its budgeted cost)."""
     from tqdm.auto import tqdm
@@ -128,7 +143,7 @@ def _collect(ray, refs: dict, events, expected: dict[str, float], progress: bool
     lines: list = []  # one per running evaluation at a time
     slot: dict[str, int] = {}
     began: dict[str, float] = {}
-    attempts: dict[str, int] = {}
+    tries: dict[str, int] = {}
     cost = seconds = 0.0
     outcome: dict[str, str] = {}
     pending = list(refs)
@@ -136,8 +151,10 @@ def _collect(ray, refs: dict, events, expected: dict[str, float], progress: bool
     try:
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-            for name, node, at in events.get_nowait_batch(events.qsize()):
-                began[name], attempts[name] = at, attempts.get(name, 0) + 1
+            for name, node, at in ray.get(starts.take.remote()):
+                began[name], tries[name] = at, tries.get(name, 0) + 1
+                if name in outcome:  # its end was seen first
+                    continue
                 if name not in slot:
                     free = [i for i in range(len(lines)) if i not in slot.values()]
                     if not free:
@@ -146,7 +163,7 @@ def _collect(ray, refs: dict, events, expected: dict[str, float], progress: bool
                         free = [len(lines) - 1]
                     slot[name] = free[0]
                 eta = expected.get(name, 0) * seconds / cost if cost else None
-                retry = f", attempt {attempts[name]}" if attempts[name] > 1 else ""
+                retry = f", attempt {tries[name]}" if tries[name] > 1 else ""
                 lines[slot[name]].set_description_str(
                     f"  {name} on node {node}{retry}" + (f", ETA {eta / 60:.1f} min" if eta else ""))
             for ref in done:
@@ -158,8 +175,7 @@ def _collect(ray, refs: dict, events, expected: dict[str, float], progress: bool
                         cost, seconds = cost + expected[name], seconds + max(1e-3, time.time() - began[name])
                 except ray.exceptions.RayError as exc:
                     cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
-                    outcome[name] = (f"{type(cause).__name__}: {cause}".strip()
-                                     + f" (after {attempts.get(name, 1)} attempt(s))")
+                    outcome[name] = f"{type(cause).__name__}: {cause}".strip() + f" (after {attempts} attempt(s))"
                     tqdm.write(f"FAILED {name}: {outcome[name]} (log: {refs[ref].log})", file=sys.stdout)
                 if name in slot:
                     lines[slot.pop(name)].set_description_str("")
@@ -170,8 +186,6 @@ def _collect(ray, refs: dict, events, expected: dict[str, float], progress: bool
         raise
     finally:
         if previous is not None:
-            import signal
-
             signal.signal(signal.SIGTERM, previous)
         for line in lines:
             line.close()
