@@ -29,7 +29,7 @@ from loopeval.tools.study.spec import RayOptions, Study
 
 EXTRA = "pip install 'loopeval[ray]'"
 ENGINE_RANKS = ("tensor_parallel_size", "pipeline_parallel_size")
-"""The model args (vLLM's names) whose product is the number of GPUs ranks of one engine."""
+"""The model args (vLLM's names) whose product is the number of ranks, one GPU each, of one engine."""
 START = "loopeval: Ray task"
 """How a task's first line in ``OUTPUT/logs/NAME.log`` starts: node, pid and time of each attempt."""
 
@@ -71,12 +71,12 @@ def run_on_ray(evaluations: list[Evaluation], study: Study, options: RayOptions,
     Joins the running Ray of this process if there is one, else ``ray.init(options.address)``
     (``None``: a local Ray on this machine's cores), and shuts down what it started."""
     ray = import_ray()
+    _check_device(study)
     started = not ray.is_initialized()
     if started:
         ray.init(address=options.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     starts = None
     try:
-        _check_device(study)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         cluster_has_gpus = any(n["Resources"].get("GPU", 0) > 0 for n in nodes)
         wants = {e.name: evaluation_resources(e, study, options, cluster_has_gpus=cluster_has_gpus) for e in evaluations}
