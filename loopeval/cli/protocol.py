@@ -33,10 +33,11 @@ def run(args) -> int:
     from loopeval.tools.study import run_study
 
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
-    explicit = args.workers is not None or devices is not None
+    workers = 1 if args.workers is None else args.workers
+    explicit = args.workers is not None or devices is not None  # run without the study's ray: key
     try:
         result = run_study(args.study, dry_run=args.dry_run, only=args.only, report_only=args.report_only,
-                           workers=args.workers or 1, devices=devices, rerun=not args.no_rerun,
+                           workers=workers, devices=devices, rerun=not args.no_rerun,
                            ray=args.ray if args.ray is not None else (False if explicit else None))
     except ImportError as exc:  # Ray, an optional extra, is not installed
         if exc.name != "ray":
