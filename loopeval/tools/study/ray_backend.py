@@ -69,7 +69,8 @@ def run_on_ray(evaluations: list[Evaluation], study: Study, options: RayOptions,
                progress: bool = True) -> dict[str, str]:
     """Run ``evaluations`` as Ray tasks, longest (``expected`` cost) first; returns ``{name: "done" | error}``.
     Joins the running Ray of this process if there is one, else ``ray.init(options.address)``
-    (``None``: a local Ray on this machine's cores), and shuts down what it started."""
+    (``None``: the cluster ``RAY_ADDRESS`` names or ``ray start`` joined, else a new local Ray),
+    and disconnects at the end (a local Ray it started stops)."""
     ray = import_ray()
     _check_device(study)
     started = not ray.is_initialized()
