@@ -24,8 +24,8 @@ def add(sub) -> None:
     where.add_argument("--devices", help="one worker per device, e.g. cuda:0,cuda:1")
     where.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                        help="each evaluation a Ray task: on the cluster at ADDRESS ('auto': the one this node "
-                            "joined), else as ray.init() chooses (a new local Ray where none runs); the study's "
-                            "ray: key sets resources and retries "
+                            "joined), else RAY_ADDRESS's, else a new local Ray; the study's ray: key sets "
+                            "resources and retries "
                             "(needs pip install 'loopeval[ray]')")
     p.set_defaults(func=run)
 

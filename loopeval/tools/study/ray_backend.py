@@ -69,13 +69,14 @@ def run_on_ray(evaluations: list[Evaluation], study: Study, options: RayOptions,
                progress: bool = True) -> dict[str, str]:
     """Run ``evaluations`` as Ray tasks, longest (``expected`` cost) first; returns ``{name: "done" | error}``.
     Joins the running Ray of this process if there is one, else ``ray.init(options.address)``
-    (``None``: the cluster ``RAY_ADDRESS`` names or ``ray start`` joined, else a new local Ray),
-    and disconnects at the end (a local Ray it started stops)."""
+    (``None``: ``RAY_ADDRESS``, else a new local Ray, never the address a stopped cluster left
+    behind), and disconnects at the end (a local Ray it started stops)."""
     ray = import_ray()
     _check_device(study)
     started = not ray.is_initialized()
     if started:
-        ray.init(address=options.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        address = options.address or os.environ.get("RAY_ADDRESS") or "local"
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     starts = None
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]

@@ -54,7 +54,7 @@ class RayOptions:
     """The study's ``ray:`` key (``ray: true`` for the defaults, ``ray: ADDRESS``): where the Ray cluster is
     and what each evaluation asks it for (docs/protocol.md, "On a Ray cluster")."""
 
-    address: str | None = None  # None: ray.init()'s choice (a new local Ray where none runs); "auto": the cluster
+    address: str | None = None  # None: RAY_ADDRESS, else a new local Ray; "auto": the cluster of `ray start`
     cpus: float = 1.0  # CPUs per evaluation (its torch threads)
     gpus: float | None = None  # GPUs per engine rank; None: 1 where the evaluation runs on CUDA, else 0
     retries: int = 2  # attempts after the first, for a failed or lost task
