@@ -78,7 +78,7 @@ def run(template: Path, out: Path, mode: str) -> None:
         import ray
 
         start = time.time()
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
         init = time.time() - start
     from loopeval.tools.study import run_study
 

@@ -36,7 +36,7 @@ def cluster():
     """A local Ray of 2 CPUs and 1 GPU that Ray counts but this machine lacks: a task asking for
     it takes the GPU path (its own worker, ``CUDA_VISIBLE_DEVICES`` set by Ray) and runs on the CPU."""
     ray = _ray()
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
