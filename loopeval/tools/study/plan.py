@@ -152,7 +152,7 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
 
 def _check_device(study: Study) -> None:
     device = str(study.lm_eval.get("device") or "")
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and study.ray is None:  # on Ray, the cluster's GPUs are checked (ray_backend)
         import torch
 
         if not torch.cuda.is_available():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from loopeval.common.args import as_bool, as_field, as_float, as_int
+from loopeval.common.args import as_bool, as_field, as_float, as_int, as_text
 from loopeval.core.spec import LOOP_OPTIONS, option_fields
 from loopeval.evaluation.identity import GENERATION_KWARGS, PROMPTS, SETTINGS, TASK_VERSION, WEIGHTS
 from loopeval.evaluation.settings import DECODING_OPTIONS, DecodingOptions
@@ -18,7 +18,7 @@ from loopeval.analysis.stats.options import STAT_OPTIONS, StatOptions
 
 ROLES = ("twin", "looped", "larger")
 STUDY_KEYS = ("name", "output", "models", "tasks", "include_path", "budgets", "decoding", "lm_eval", "statistics",
-              "report", "intended_differences", "allow_manifest_mismatch", "pilot")
+              "report", "intended_differences", "allow_manifest_mismatch", "pilot", "ray")
 MODEL_KEYS = ("name", "path", "base", "loop", *LOOP_OPTIONS, "role", "seed", "variant", "model_args")
 LM_EVAL_KEYS = ("batch_size", "dtype", "device", "apply_chat_template", "num_fewshot", "system_instruction",
                 "fewshot_as_multiturn", "gen_kwargs", "model_args", "limit")
@@ -57,6 +57,20 @@ class DecodingSpec:
 
 
 @dataclass(frozen=True)
+class RayOptions:
+    """The study's ``ray:`` key (``ray: true`` for the defaults, ``ray: ADDRESS``): where the Ray cluster is
+    and what each evaluation asks it for (docs/protocol.md, "On a Ray cluster")."""
+
+    address: str | None = None  # None: RAY_ADDRESS, else a new local Ray; "auto": the cluster of `ray start`
+    cpus: float = 1.0  # CPUs per evaluation (its torch threads)
+    gpus: float | None = None  # GPUs per engine rank; None: 1 where the evaluation runs on CUDA, else 0
+    retries: int = 2  # attempts after the first, for a failed or lost task
+
+
+RAY_KEYS = tuple(f.name for f in fields(RayOptions))
+
+
+@dataclass(frozen=True)
 class Study:
     path: Path
     name: str
@@ -73,6 +87,7 @@ class Study:
     intended_differences: tuple[str, ...]
     allow_manifest_mismatch: bool
     pilot: bool = False  # lm_eval.limit runs, reported as "pilot: n of N items" with no final verdict
+    ray: RayOptions | None = None  # run the evaluations as Ray tasks
 
 
 class _Where:
@@ -237,7 +252,7 @@ def load_study(path: str | Path) -> Study:
                                                     statistics[f.name]) for f in fields(StatOptions) if f.name in statistics}),
         intended_differences=tuple(str(x) for x in intended),
         allow_manifest_mismatch=w.typed("allow_manifest_mismatch", as_bool, raw.get("allow_manifest_mismatch", False)),
-        pilot=pilot,
+        pilot=pilot, ray=_ray(w, raw.get("ray", False)),
     )
 
 
@@ -320,3 +335,21 @@ def _decoding(w: _Where, entries) -> tuple[DecodingSpec, ...]:
         out.append(DecodingSpec(name, d))
     _check_names(w, "decoding", [d.name for d in out])
     return tuple(out)
+
+
+def _ray(w: _Where, value) -> RayOptions | None:
+    if isinstance(value, bool) or value is None:
+        return RayOptions() if value else None
+    if isinstance(value, str):
+        return RayOptions(address=value)
+    given = {k: v for k, v in w.mapping(value, "ray", RAY_KEYS).items() if v is not None}
+    parse = {"address": lambda n, v: as_text(n, str(v)), "cpus": lambda n, v: as_float(n, v, positive=True),
+             "gpus": _non_negative, "retries": lambda n, v: as_int(n, v, minimum=0)}
+    return RayOptions(**{k: w.typed(f"ray.{k}", parse[k], v) for k, v in given.items()})
+
+
+def _non_negative(name: str, value) -> float:
+    number = as_float(name, value)
+    if number < 0:
+        raise ValueError(f"{name}={value!r}: must be >= 0")
+    return number
