@@ -76,7 +76,7 @@ def test_report_numbers_equal_loopeval_stats(runs):
     assert plain.param.tasks["toy_arith"].equivalence_method == "tango"
     assert plain.param.tasks["toy_arith"].equivalence_ci == pytest.approx(tuple(eq.ci))
     row = next(r for r in data.decoding if r["setting"] == "looped")
-    assert row["macro"] == pytest.approx(np.mean([looped[t].mean() for t in TASKS]))
+    assert row["macros"] == {"points": pytest.approx(np.mean([looped[t].mean() for t in TASKS]))}
     for mode, column in (("passes", "loop_cost"), ("flops", "loop_other_cost")):  # the paper's charge, and FLOPs
         base = _trace_cost(runs / "twin_plain_1x", mode)
         costs = {f.result.loop: getattr(f, column) for f in plain.flop_rows}
