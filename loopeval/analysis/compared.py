@@ -214,7 +214,7 @@ class ComparedRuns:
 def check_margins(paired: PairedRuns, margin: float | None, margins: Mapping[str, float] | None) -> None:
     """Refuse a margin named for a metric the runs do not report, or a bare ``margin`` (the
     fractions' margin) given where no metric is a fraction, before any resampling."""
-    names = {paired.metrics([t]).split(",", 1)[0]: t for t in paired.tasks}
+    names = {paired.metric_name(t): t for t in paired.tasks}
     for name in margins or {}:
         if name not in names:
             raise ValueError(f"--margin {name}=...: no metric {name!r} in these runs (their metrics: "
@@ -309,8 +309,8 @@ class PilotPower:
         return "\n".join([
             runs_header(self.runs),
             f"paired pilot, normal approximation: two-sided alpha {self.alpha:g}, power {points(self.power, digits=0)}%",
-            f"MDE: minimum detectable difference at {at}, in each metric's unit; a macro counts its tasks' items "
-            "together, in the pilot's proportions, and never mixes units",
+            f"MDE: minimum detectable difference at {at}; SD and MDE in each metric's unit; a macro counts its "
+            "tasks' items together, in the pilot's proportions, and never mixes units",
             "",
             table(header, body, text_columns=2),
         ])
@@ -324,7 +324,7 @@ def pilot_power(baseline, candidate, *, alpha: float = DEFAULTS.alpha, power_: f
     difference to detect on accuracies (a fraction), ``deltas`` on a named metric in its unit."""
     runs, paired = load_two(baseline, candidate, metric=metric, tasks=tasks)
     a, b = paired.scores["baseline"], paired.scores["candidate"]
-    names = {t: paired.metrics([t]).split(",", 1)[0] for t in paired.tasks}
+    names = {t: paired.metric_name(t) for t in paired.tasks}
     for name in deltas or {}:
         if name not in names.values():
             raise ValueError(f"--delta {name}=...: no metric {name!r} in these runs (their metrics: "

@@ -213,7 +213,7 @@ def task_margin(paired: PairedRuns, task: str, margin: float, margins: Mapping[s
     """The equivalence margin of ``task``'s metric, in its unit: ``margins[metric]`` where
     given, else ``margin`` (A.5's ±2 points) for a fraction, else ``None`` (no equivalence claim)."""
     unit = paired.unit(task)
-    name = paired.metrics([task]).split(",", 1)[0]
+    name = paired.metric_name(task)
     if name in (margins or {}):
         return unit.check_margin(f"margin of {name}", margins[name])
     return margin if unit.fraction else None

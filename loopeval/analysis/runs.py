@@ -594,10 +594,10 @@ class PairedRuns:
             out.setdefault(kind(self.unit(t), (self.higher_is_better or {}).get(t, True)), []).append(t)
         return {k: tuple(ts) for k, ts in out.items()}
 
-    def metrics(self, tasks: Sequence[str]) -> str:
-        """The metrics of ``tasks`` as the first run names them (``nll_per_byte,none``)."""
-        first = next(iter(self.runs.values()))[0]
-        return ", ".join(dict.fromkeys(first.tasks[t].metric for t in tasks))
+    def metric_name(self, task: str) -> str | None:
+        """lm-eval's name of the task's metric (``nll_per_byte``) in the first run (``None`` without runs)."""
+        first = next(iter((self.runs or {}).values()), None)
+        return first[0].tasks[task].metric.split(",", 1)[0] if first and first[0] is not None else None
 
     def resampler(self, *, n_resamples: int = DEFAULTS.n_resamples, seed: int = 0) -> Resampler:
         """Shared bootstrap resamples for every comparison among these runs (seeds averaged per
