@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from loopeval.analysis.protocol import Comparison, RunComparison, compare, task_margin
-from loopeval.analysis.runs import PairedRuns, Run, decoding_differences, load_run, pair_runs
+from loopeval.analysis.runs import (PairedRuns, Run, cost_split, decoding_differences, forcing_shares, load_run,
+                                   pair_runs)
 from loopeval.analysis.stats import PowerResult, power
 from loopeval.analysis.stats.display import points, pvalue
 from loopeval.analysis.stats.options import DEFAULTS
@@ -69,25 +70,10 @@ def forcing_split(runs: Mapping[str, Run], tasks: Sequence[str]) -> dict[str, di
     the share of its generated tokens after the forced answer (the answer string and what
     followed), and its realised layer-pass cost relative to the baseline's total, split
     before / after the forced answer. Empty when forcing fired in neither run."""
-    totals, out = {}, {}
-    for role, run in runs.items():
-        parts = [run.tasks[t].forcing() for t in tasks]
-        forced, requests = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        tokens = sum(p[2] for p in parts)
-        after_tokens = sum(
-            max(0, r.generated_tokens - r.forced_at) for t in tasks for item in run.tasks[t].trace or ()
-            for r in item if r.forced_at is not None)
-        after = run.pass_unit * sum(p[3] for p in parts)
-        totals[role] = run.cost(tasks, mode="passes")
-        out[role] = {"forced": forced, "requests": requests, "generated_tokens": tokens,
-                     "tokens_after_share": after_tokens / tokens if tokens else 0.0, "after_cost": after}
+    out = {role: forcing_shares([run], tasks) for role, run in runs.items()}
     if not any(f["forced"] for f in out.values()):
         return {}
-    base = totals["baseline"]
-    for role, f in out.items():
-        f["before"] = (totals[role] - f["after_cost"]) / base
-        f["after"] = f.pop("after_cost") / base
-    return out
+    return {role: cost_split(f, out["baseline"]["total"]) for role, f in out.items()}
 
 
 def fallback_notes(runs: Mapping[str, Run], unfinished_fallback: str) -> list[str]:

@@ -127,14 +127,6 @@ class TaskScores:
         """Per-item prompt plus generated tokens from the trace."""
         return np.array([sum(r.prompt_tokens + r.generated_tokens for r in recs) for recs in self._traced()])
 
-    def forcing(self) -> tuple[int, int, int, float]:
-        """Budget forcing in the trace: (requests it fired on, requests, generated tokens, layer
-        passes generated after the forced answer). Tokens from ``forced_at`` on are the
-        inserted answer string and what followed it."""
-        recs = [r for item in self._traced() for r in item]
-        forced = [r for r in recs if r.forced_at is not None]
-        after = sum(max(0, r.generated_tokens - r.forced_at) * r.passes_per_token for r in forced)
-        return len(forced), len(recs), sum(r.generated_tokens for r in recs), float(after)
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,6 +222,19 @@ class Run:
             raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}")
         return float(flops_per_token * sum(self.tasks[t].tokens.sum() for t in leaves))
 
+    def forcing(self, tasks: Sequence[str] | None = None) -> dict[str, float]:
+        """Budget forcing in the trace of the tasks' generation: the requests it fired on
+        (``forced``) of all (``requests``), the generated tokens (``tokens``) and those from
+        the forced answer on (``tokens_after``: the inserted answer string and what followed
+        it), and the layer-pass cost of those (``cost_after``, in :meth:`cost`'s ``passes`` unit)."""
+        leaves = [t for t in self._leaves(tasks) if self.tasks[t].generative]
+        recs = [r for t in leaves for item in self.tasks[t]._traced() for r in item]
+        forced = [r for r in recs if r.forced_at is not None]
+        return {"forced": len(forced), "requests": len(recs), "tokens": sum(r.generated_tokens for r in recs),
+                "tokens_after": sum(max(0, r.generated_tokens - r.forced_at) for r in forced),
+                "cost_after": self.pass_unit * sum(max(0, r.generated_tokens - r.forced_at) * r.passes_per_token
+                                                   for r in forced)}
+
     def nominal_cost(self, tasks: Sequence[str] | None = None) -> float:
         """c layer passes (of :attr:`pass_unit`) per item of the tasks: the loop's charge
         where no generation is traced. Needs the trace header that every ``looped`` run writes."""
@@ -264,6 +269,21 @@ def decoding_differences(a: Run, b: Run, *, intended=(), traces: bool = True, se
         if run.header is None:
             diffs.append(f"{run.path.parent}: no loopeval trace" + (f" ({run.trace_error})" if run.trace_error else ""))
     return diffs + (differences(of_run(a), of_run(b), intended=intended) if settings else [])
+
+
+def forcing_shares(runs: Sequence[Run], tasks: Sequence[str]) -> dict:
+    """:meth:`Run.forcing` of ``runs`` (seeds) summed, with their total layer-pass cost and
+    the share of their generated tokens after the forced answer."""
+    parts = [run.forcing(tasks) for run in runs]
+    f = {k: sum(p[k] for p in parts) for k in parts[0]}
+    f["total"] = sum(run.cost(tasks, mode="passes") for run in runs)
+    f["tokens_after_share"] = f["tokens_after"] / f["tokens"] if f["tokens"] else 0.0
+    return f
+
+
+def cost_split(f: dict, base: float) -> dict:
+    """Forcing shares with the realised cost split before / after the forced answer, over ``base``."""
+    return {**f, "before": (f["total"] - f["cost_after"]) / base, "after": f["cost_after"] / base}
 
 
 def _expand(names: Sequence[str], groups: Mapping[str, Sequence[str]], leaves, where) -> list[str]:

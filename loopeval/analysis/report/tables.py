@@ -23,6 +23,7 @@ from loopeval.analysis.protocol import (
     verdict,
 )
 from loopeval.analysis.report.evaluations import Evaluation, by_seed, condition_label, label
+from loopeval.analysis.runs import cost_split, forcing_shares
 from loopeval.analysis.stats import OrderInterval, ceiling_gain, order_interval
 
 
@@ -159,29 +160,14 @@ def forcing_rows(looped: list[Evaluation], twin: list[Evaluation] | None) -> dic
     fired on, the share of generated tokens after the forced answer, and the realised layer-pass
     cost relative to the same-budget twin's, split before / after the forced answer (the twin's
     own split beside it). ``None`` when nothing generative is traced."""
-    def split(evals):
-        runs = [e.run for e in evals]
-        tasks = [t for t in runs[0].tasks if runs[0].tasks[t].generative and runs[0].tasks[t].trace is not None]
-        if not tasks:
-            return None
-        parts = [r.tasks[t].forcing() for r in runs for t in tasks]
-        after_tokens = sum(max(0, rec.generated_tokens - rec.forced_at) for r in runs for t in tasks
-                           for item in r.tasks[t].trace for rec in item if rec.forced_at is not None)
-        tokens = sum(p[2] for p in parts)
-        total = sum(r.cost(tasks) for r in runs)
-        after = sum(r.pass_unit * r.tasks[t].forcing()[3] for r in runs for t in tasks)
-        return {"forced": sum(p[0] for p in parts), "requests": sum(p[1] for p in parts),
-                "tokens_after_share": after_tokens / tokens if tokens else 0.0, "total": total, "after": after}
-
-    mine = split(looped)
-    if mine is None:
+    first = looped[0].run
+    tasks = [t for t, ts in first.tasks.items() if ts.generative and ts.trace is not None]
+    if not tasks:
         return None
-    theirs = split(twin) if twin else None
-    base = theirs["total"] if theirs else mine["total"]
-    out = {"looped": {**mine, "before": (mine["total"] - mine["after"]) / base, "after": mine["after"] / base}}
-    if theirs:
-        out["twin"] = {**theirs, "before": (theirs["total"] - theirs["after"]) / base, "after": theirs["after"] / base}
-    return out
+    mine = forcing_shares([e.run for e in looped], tasks)
+    theirs = forcing_shares([e.run for e in twin], tasks) if twin else None
+    base = (theirs or mine)["total"]
+    return {"looped": cost_split(mine, base), **({"twin": cost_split(theirs, base)} if theirs else {})}
 
 
 def decoding_rows(groups: dict, tasks: list[str], *, default_scale: float, base_costs: dict[str, float],
