@@ -307,8 +307,9 @@ def pilot_power(baseline, candidate, *, alpha: float = DEFAULTS.alpha, power_: f
                 tasks=None) -> PilotPower:
     """Two runs as a paired pilot: the minimum detectable difference (or the items needed
     for a difference) per task and for one macro per kind of metric. ``delta`` is the
-    difference to detect on accuracies (a fraction), ``deltas`` on a named metric in its unit."""
-    runs, paired = load_two(baseline, candidate, metric=metric, tasks=tasks)
+    difference to detect on accuracies (a fraction), ``deltas`` on a named metric in its unit.
+    The runs may be subsets (``--limit``, a local file): a pilot is what this plans from."""
+    runs, paired = load_two(baseline, candidate, metric=metric, tasks=tasks, allow_subset=True)  # pilots, by design
     a, b = paired.scores["baseline"], paired.scores["candidate"]
     names = {t: paired.metric_name(t) for t in paired.tasks}
     for name in deltas or {}:
