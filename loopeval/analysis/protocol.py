@@ -700,13 +700,12 @@ def _verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> V
     seeds = f", {param.seeds.favour} of {param.seeds.n} seeds favouring the loop" if param.seeds else ""
     test = " (exact McNemar, training-free)" if param.test == "mcnemar" else ""
     p = _p(m.pvalue_decisive) + test
-    on = "" if m.unit.fraction else f" on {m.unit.name}"
     if m.outcome == "better":
-        first = f"Equal parameters: the loop beats its twin{on} by {_difference(m)}, {p}{seeds}."
+        first = f"Equal parameters: the loop beats its twin by {_difference(m)}, {p}{seeds}."
     elif m.outcome == "worse":
-        first = f"Equal parameters: the loop is worse than its twin{on} by {_difference(m)}, {p}{seeds}."
+        first = f"Equal parameters: the loop is worse than its twin by {_difference(m)}, {p}{seeds}."
     else:
-        first = (f"Equal parameters: no significant difference from the twin{on}, {_difference(m)}, {p} "
+        first = (f"Equal parameters: no significant difference from the twin, {_difference(m)}, {p} "
                  f"({_equivalence_words(m, param.alpha)}).")
     if m.outcome != "better":
         return Verdict(param=m.outcome, flop=None, passes_param=False, passes_flop=None,
