@@ -291,6 +291,8 @@ def test_the_report_takes_nll_runs_alone_and_beside_accuracy(traced, tmp_path):
     nll = next(cond for cond in data.conditions if cond.tasks == ("gsm8k_nll",))
     assert nll.param.macro.unit.name == "nats per byte" and nll.param.macro.margin is None
     assert "nats per byte" in nll.verdict.sentences[0] and "no equivalence margin was given" in nll.verdict.sentences[0]
+    boxed = next(cond for cond in data.conditions if cond.tasks == ("gsm8k_boxed",))
+    assert boxed.forcing_split[0.1]["looped"]["forced"] > 0 and nll.forcing_split[0.1] is None  # nothing generated
     own = {r.result.loop: r.loop_cost for r in nll.flop_rows}
     assert own["looped + budget forcing @ 0.1×"] == pytest.approx(c)  # c x the twin: nothing generated
     html = render(data)

@@ -133,7 +133,8 @@ def conditions(groups: dict, extra: Evaluation | None, *, default_scale: float, 
             seed_interval=order_interval({"seeds": list(per_seed)}) if len(per_seed) >= 2 else None,
             reserves={s: _reserves(looped[s] + twin.get(s, [])) for s in scales},
             tasks=tuple(tasks or param.tasks), kind=kind,
-            forcing_split={s: forcing_rows(looped[s], twin.get(s)) for s in scales} if cond.startswith("budget forcing") else {},
+            forcing_split={s: forcing_rows(looped[s], twin.get(s), param.tasks) for s in scales}
+            if cond.startswith("budget forcing") else {},
         ))
     return out
 
@@ -155,13 +156,13 @@ def _answered(run) -> dict[str, float | None]:
     return {task: None if ts.answered is None else float(ts.answered.mean()) for task, ts in run.tasks.items()}
 
 
-def forcing_rows(looped: list[Evaluation], twin: list[Evaluation] | None) -> dict | None:
+def forcing_rows(looped: list[Evaluation], twin: list[Evaluation] | None, tasks) -> dict | None:
     """Budget forcing's share of the looped runs' cost at one budget (seeds pooled): requests it
     fired on, the share of generated tokens after the forced answer, and the realised layer-pass
     cost relative to the same-budget twin's, split before / after the forced answer (the twin's
-    own split beside it). ``None`` when nothing generative is traced."""
+    own split beside it), on ``tasks``. ``None`` when none of them generates."""
     first = looped[0].run
-    tasks = [t for t, ts in first.tasks.items() if ts.generative and ts.trace is not None]
+    tasks = [t for t in tasks if first.tasks[t].generative and first.tasks[t].trace is not None]
     if not tasks:
         return None
     mine = forcing_shares([e.run for e in looped], tasks)
