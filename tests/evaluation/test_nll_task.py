@@ -306,3 +306,25 @@ def test_the_report_takes_nll_runs_alone_and_beside_accuracy(traced, tmp_path):
     assert alone.conditions[0].param.macro.margin == 5.0 and alone.runs[1]["cost"] == pytest.approx(c)
     write_report(alone, tmp_path / "report.html", latex_tables=True)
     assert (tmp_path / "report_tables.tex").exists()
+
+
+def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path):
+    """The study's dry run reads each task's items, so a subset of GSM8K without ``pilot: true``
+    is refused before any evaluation runs (the report would refuse it after all of them)."""
+    from loopeval.tools.study import load_study
+    from loopeval.tools.study.plan import check_before_compute, expand
+
+    root, _ = setup
+    study = {"name": "nll", "output": str(tmp_path / "out"), "tasks": ["gsm8k_nll"],
+             "include_path": [str(root / "tasks")], "budgets": [1], "decoding": [{"name": "plain"}],
+             "models": [{"name": "twin", "role": "twin", "path": str(root / "m0")},
+                        {"name": "looped", "role": "looped", "base": str(root / "m0"), "loop": "0:2x2"}]}
+    for pilot in (False, True):
+        (tmp_path / "study.yaml").write_text(yaml.safe_dump({**study, "pilot": pilot}))
+        loaded = load_study(tmp_path / "study.yaml")
+        if pilot:
+            check_before_compute(loaded, expand(loaded))
+            continue
+        with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: its data holds 4 of the task's 1319 test items "
+                                             r"\(a local file with a subset\?\); .* set pilot: true"):
+            check_before_compute(loaded, expand(loaded))
