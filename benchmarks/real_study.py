@@ -105,18 +105,16 @@ def loop_args(row: dict) -> str:
 
 
 def _cmp_row(name: str, res: dict, task: str) -> str:
-    """One ``compare --json`` row. Scores are oriented higher-is-better there; the NLL task's
-    are shown as NLL per byte (the sign flipped back), Δ stays candidate minus baseline on
-    the oriented score (positive: the candidate is better)."""
+    """One ``compare --json`` row, as the metric reports it (the NLL in nats per byte, lower is
+    better): Δ is candidate minus baseline in the metric's unit; the verdict says which is better."""
     t = res["tasks"][task]
     lo, hi = t["ci"]
-    sign = -1 if task == "gsm8k_nll" else 1
     p = t["mcnemar_pvalue"] if t["decided_by"] == "mcnemar" else t["pvalue"]  # the p of the deciding test
-    return (f"| {name} | {t['n']} | {sign * t['baseline']:.4f} | {sign * t['candidate']:.4f} | {t['delta']:+.4f} | "
+    return (f"| {name} | {t['n']} | {t['baseline']:.4f} | {t['candidate']:.4f} | {t['delta']:+.4f} | "
             f"[{lo:+.4f}, {hi:+.4f}] | {p:.3g} ({t['decided_by']}) | {t['outcome']} |")
 
 
-CMP_HEADER = ("| comparison | n | baseline | candidate | Δ (+: candidate better) | 95% CI | p | verdict |\n"
+CMP_HEADER = ("| comparison | n | baseline | candidate | Δ (candidate − baseline) | 95% CI | p | verdict |\n"
               "|---|---:|---:|---:|---:|---|---:|---|")
 
 
@@ -166,8 +164,8 @@ def render(f: dict, figure: str) -> str:
     named = {v: k for k, v in f["named"].items()}
     first = f["nll"][f["chosen"][0]["loop"]]["tasks"]["gsm8k_nll"]
     out += ["", "### Training-free loops against the unlooped model on gsm8k_nll", "",
-            f"NLL per byte of the reference solution (lower is better); unlooped: **{-first['baseline']:.4f}** on "
-            f"{first['n']} questions. Δ is the unlooped NLL minus the loop's (positive: the loop is better), "
+            f"NLL per byte of the reference solution (lower is better); unlooped: **{first['baseline']:.4f}** on "
+            f"{first['n']} questions. Δ is the loop's NLL minus the unlooped one's (negative: the loop is better), "
             "with its paired-bootstrap 95% interval and p.", "",
             "| loop | PPL_T rank | PPL_T | c | NLL per byte | Δ | 95% CI | p | verdict |",
             "|---|---:|---:|---:|---:|---:|---|---:|---|"]
@@ -176,7 +174,7 @@ def render(f: dict, figure: str) -> str:
         lo, hi = t["ci"]
         label = f"{r['loop']}" + (f" ({named[r['loop']]})" if r["loop"] in named else "")
         out.append(f"| {label} | {loops.index(r) + 1} | {r['ppl_t']:.3f} | {r['multiplier']:.3f} | "
-                   f"{-t['candidate']:.4f} | {t['delta']:+.4f} | [{lo:+.4f}, {hi:+.4f}] | {t['pvalue']:.3g} | "
+                   f"{t['candidate']:.4f} | {t['delta']:+.4f} | [{lo:+.4f}, {hi:+.4f}] | {t['pvalue']:.3g} | "
                    f"{t['outcome']} |")
     sp = f["spearman"]
     out += ["", f"Spearman's ρ between PPL_T and mean NLL per byte over the {sp['n']} placements: "
@@ -278,9 +276,9 @@ def main(argv=None) -> int:
         nll[row["loop"]] = compare(study, base_nll, out, out.with_suffix(".compare.json"))
     named = {"best": chosen[0], "middle": chosen[len(chosen) // 2], "worst": chosen[-1]}
 
-    # compare orients every score higher-is-better, so the NLL per byte is minus the candidate's mean
+    # compare --json reports the NLL per byte as lm-eval does (lower is better)
     rho = spearmanr([r["ppl_t"] for r in chosen],
-                    [-nll[r["loop"]]["tasks"]["gsm8k_nll"]["candidate"] for r in chosen])
+                    [nll[r["loop"]]["tasks"]["gsm8k_nll"]["candidate"] for r in chosen])
     figures = {"placements": placements, "chosen": chosen, "named": {k: v["loop"] for k, v in named.items()},
                "nll": nll, "spearman": {"rho": rho.statistic, "pvalue": rho.pvalue, "n": len(chosen)}}
 

@@ -238,7 +238,7 @@ def _run_demo(out: Path, spec: DemoSize, settings: dict) -> Path:
     _mark(out, settings, status="done", seconds=time.time() - start, phases=phases, threads=threads.to_dict())
     chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
     for row in data["decoding"]:
-        _say(f"  {row['setting']:24s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")
+        _say(f"  {row['setting']:24s} accuracy {100 * row['macros']['points']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")
     _say(f"  (always answering the most common test answer scores {100 * chance:.1f}%)")
     for cond in data["conditions"]:
         for sentence in cond["verdict"]["sentences"]:

@@ -76,7 +76,7 @@ def test_report_numbers_equal_loopeval_stats(runs):
     assert plain.param.tasks["toy_arith"].equivalence_method == "tango"
     assert plain.param.tasks["toy_arith"].equivalence_ci == pytest.approx(tuple(eq.ci))
     row = next(r for r in data.decoding if r["setting"] == "looped")
-    assert row["macro"] == pytest.approx(np.mean([looped[t].mean() for t in TASKS]))
+    assert row["macros"] == {"points": pytest.approx(np.mean([looped[t].mean() for t in TASKS]))}
     for mode, column in (("passes", "loop_cost"), ("flops", "loop_other_cost")):  # the paper's charge, and FLOPs
         base = _trace_cost(runs / "twin_plain_1x", mode)
         costs = {f.result.loop: getattr(f, column) for f in plain.flop_rows}
@@ -152,7 +152,23 @@ def test_compare_warns_when_the_runs_decode_differently(runs, capsys):
     assert diffs[:2] == ["budget_forcing: False vs True", "bf_reserve: None vs 4"]
     assert "budget_scale: 0.5 vs 1.0" in diffs
     assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x")]) == 0
-    assert "warning: the runs decode differently: budget_forcing: False vs True" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "warning: the runs decode differently: budget_forcing: False vs True" in captured.err
+    # a failed fairness check withholds every outcome and equivalence verdict, in the text and the JSON
+    assert captured.out.startswith("verdict withheld: the runs decode differently (budget_forcing: False vs True")
+    rows = [line.split() for line in captured.out.splitlines() if line.split()[:1] in (["toy_arith"], ["macro"])]
+    assert rows and all(row[-2:] == ["withheld", "withheld"] for row in rows)
+    assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {(r["outcome"], r["equivalent"]) for r in [*out["tasks"].values(), out["macro"]]} == {("withheld", None)}
+    # named as intended, the same differences leave the verdict standing
+    intended = sorted({d.split(":")[0] for d in diffs if " " not in d.split(":")[0]})
+    assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x"), "--json",
+                 "--intended", *intended]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["withheld"] == [] and out["macro"]["outcome"] in ("better", "worse", "equivalent", "inconclusive")
+    assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x"), "--intended", "chat"]) == 2
+    assert "--intended chat: not a part of an evaluation that can differ" in capsys.readouterr().err
 
 
 # -- the demo, end to end (slow) --------------------------------------------------------

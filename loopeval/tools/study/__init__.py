@@ -127,6 +127,7 @@ def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
         [spec(e) for e in evaluations if e.model.role == "looped"],
         larger=spec(larger[0]) if larger else None, sizes=report.get("sizes"), default_scale=study.default_scale,
         cost=options.cost, selection=options.selection, alpha=options.alpha, margin=options.margin,
+        margins=dict(options.margins),
         n_resamples=options.n_resamples, seed=options.seed,
         title=report.get("title") or f"{study.name}: does the loop pay for its compute?",
         strict=report.get("strict", False), intended_differences=study.intended_differences,

@@ -118,6 +118,7 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
 
     _check_tasks(study)
     check_local_tasks(study.include_path)
+    _check_full_test_sets(study)
     _check_device(study)
     _check_reserves(study)
     for i, m in enumerate(study.models):
@@ -225,6 +226,22 @@ def _check_tasks(study: Study) -> None:
         if task not in known:
             raise ValueError(f"{study.path}: tasks[{i}]: lm-eval cannot find task or group {task!r} "
                              f"(searched loopeval's tasks{' and ' + ', '.join(study.include_path) if study.include_path else ''})")
+
+
+def _check_full_test_sets(study: Study) -> None:
+    """Without ``pilot: true``, every task must read its full test set: a local data file holding a
+    subset makes a pilot, which the report would refuse after every evaluation had run."""
+    if study.pilot:
+        return
+    from lm_eval.tasks import get_task_dict
+
+    from loopeval.evaluation.metrics import full_size
+
+    for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items():
+        n = len(task.eval_docs)
+        if n < full_size(name, n):
+            raise ValueError(f"{study.path}: tasks: {name}: its data holds {n} of the task's {full_size(name, n)} test "
+                             "items (a local file with a subset?); a run of a subset of the items is a pilot; set pilot: true")
 
 
 def expected_cost(study: Study, evaluations: list[Evaluation]) -> dict[str, float]:
