@@ -36,7 +36,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 import loopeval
 from loopeval.common.args import as_bool, as_field, as_int, as_text
-from loopeval.common.threads import adjust_threads, configure_threads
+from loopeval.common.threads import configure_threads
 from loopeval.core.cache_check import check_cache as run_cache_check
 from loopeval.core.checkpoint import weights_fingerprint
 from loopeval.evaluation.identity import output_identity
@@ -247,8 +247,11 @@ class LoopedLM(HFLM):
             kwargs["chat_template_args"] = template_args
         self.batch_size_used = None  # what batch_size=auto detected
         self.chat_template_applied = False
+        try:
+            configure_threads()  # once, before the weights load: the count is part of the numerics
+        except ValueError as exc:
+            raise ValueError(f"looped: {exc}") from None
         super().__init__(pretrained, **kwargs)
-        configure_threads()
         if self.loop is not None and loop_config(self.model) is None:
             apply_loop(self.model, self.loop)
         self.args = args
@@ -382,12 +385,7 @@ class LoopedLM(HFLM):
         self._batch_contexts = list(strings)
         return super().tok_batch_encode(strings, *args, **kwargs)
 
-    def _model_call(self, inps, *args, **kwargs):
-        adjust_threads()  # a long scoring run follows the machine's load (loopeval.common.threads)
-        return super()._model_call(inps, *args, **kwargs)
-
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
-        adjust_threads()
         plan = self._plans[generation_kwargs.pop(PLAN_KEY)]
         contexts = self._batch_contexts
         max_new = max_length - context.shape[1]

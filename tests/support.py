@@ -193,3 +193,28 @@ def write_generate_task(folder, name: str, rows: list[dict], *, max_gen_toks: in
         "generation_kwargs": {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False},
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
     }))
+
+
+_SPIN = "import os, multiprocessing as m\ndef f(_):\n    while True: pass\nm.Pool(os.cpu_count()).map(f, range(os.cpu_count()))"
+
+
+class busy_machine:
+    """A context in which another process spins on every core (started ``settle`` seconds
+    before the body, killed with its pool after it)."""
+
+    def __init__(self, settle: float = 1.5):
+        self.settle = settle
+
+    def __enter__(self):
+        import time
+
+        self.process = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True,
+                                        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
+        time.sleep(self.settle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        os.killpg(self.process.pid, signal.SIGKILL)  # the pool's workers too
+        self.process.wait()

@@ -588,10 +588,10 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     sources = list(models) if isinstance(models, (list, tuple)) else [models]
     loop = _loop_with_options(loop, loop_options)
     _check_sources(sources, loop, prompt_tokens + new_tokens)
-    loaded = _load(sources, loop, dtype, device)
     from loopeval.common.threads import configure_threads
 
     threads = configure_threads()
+    loaded = _load(sources, loop, dtype, device)
     tokenizer = loaded[0][2]
     pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
                             getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from loopeval.common.allocator import keep_freed_memory
-from loopeval.common.threads import adjust_threads, configure_threads
+from loopeval.common.threads import configure_threads
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
 from loopeval.tools.placement.calibration import (TEMPERATURE_BOUNDS, TOLERANCE, FitChunk, Reference, TestSums,
@@ -223,12 +223,12 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     settings = _settings(model_name, num_layers, text, seq_len=seq_len, val_fraction=val_fraction,
                          max_tokens=max_tokens, dtype=_expected_dtype(model, dtype))
     _check_resume(out, settings)  # before the weights load
+    configure_threads()
     if not isinstance(model, nn.Module):
         from loopeval.core.checkpoint import load_model
 
         model, _ = load_model(model, dtype=getattr(torch, dtype) if dtype else "auto")
         model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    configure_threads()
     keep_freed_memory()
     layers = decoder_layers(model)
     if mlp_loop:
@@ -339,7 +339,6 @@ class _Search:
 
     def _advance(self, candidates: int) -> None:
         self.bar.update(candidates)
-        adjust_threads()
 
     def _fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
         fit = self.scorer.fit(kept, targets, self.base_temperature)
