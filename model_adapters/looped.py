@@ -42,6 +42,7 @@ from loopeval.core.checkpoint import weights_fingerprint
 from loopeval.evaluation.identity import output_identity
 from loopeval.core.loop import check_source
 from loopeval.core.cost import loop_cost
+from loopeval.core.gguf import chat_template_fix
 from loopeval.evaluation.decoding import (
     DecodingRules,
     RowOutcome,
@@ -207,6 +208,23 @@ def pilot_warning(argv: list[str]) -> str | None:
     return None
 
 
+def chat_template_requested(argv: list[str]) -> bool:
+    """Whether an ``lm_eval`` command line asks for ``--apply_chat_template``."""
+    return any(a == "--apply_chat_template" or a.startswith("--apply_chat_template=") for a in argv)
+
+
+def check_chat_template(source: str, **tokenizer_kwargs) -> None:
+    """``ValueError`` naming the fix when the tokenizer of ``source`` has no chat template
+    (reads the tokenizer only, not the weights)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_kwargs)
+    if not getattr(tokenizer, "chat_template", None):
+        fix = chat_template_fix(source) if Path(source).is_dir() else "evaluate without --apply_chat_template"
+        raise ValueError(f"looped: --apply_chat_template, but the tokenizer of {source} has no chat template "
+                         f"(a GGUF without one, such as Gemma 3 270M's, imports none); {fix}")
+
+
 class LoopedLM(HFLM):
     """``HFLM`` with a loop, decoding rules and a per-item trace (see the module docstring)."""
 
@@ -245,6 +263,11 @@ class LoopedLM(HFLM):
             template_args = dict(kwargs.pop("chat_template_args", None) or {})
             template_args["enable_thinking"] = as_bool("enable_thinking", kwargs.pop("enable_thinking"))
             kwargs["chat_template_args"] = template_args
+        tokenizer = kwargs.get("tokenizer") or pretrained
+        if chat_template_requested(sys.argv) and isinstance(tokenizer, str):  # before the weights load
+            check_chat_template(tokenizer, revision=kwargs.get("revision") or "main",
+                                trust_remote_code=kwargs.get("trust_remote_code", False),
+                                gguf_file=kwargs.get("gguf_file"))
         self.batch_size_used = None  # what batch_size=auto detected
         self.chat_template_applied = False
         try:
@@ -378,6 +401,9 @@ class LoopedLM(HFLM):
         return size
 
     def apply_chat_template(self, *args, **kwargs):
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"looped: apply_chat_template, but the tokenizer of {self.pretrained} has no chat "
+                             "template; give it one (tokenizer.chat_template) or evaluate without it")
         self.chat_template_applied = True
         return super().apply_chat_template(*args, **kwargs)
 

@@ -226,6 +226,30 @@ def test_bad_input(workdir, evaluate, monkeypatch):
         LoopedLM(pretrained=path, loop="2to4")
 
 
+def test_chat_template_missing_is_refused_before_the_weights_load(workdir, tmp_path, evaluate, monkeypatch):
+    """``lm_eval --apply_chat_template`` on a checkpoint whose tokenizer has no template
+    (Gemma 3 270M's GGUF import) names the fix instead of failing in transformers after the load."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    plain = tmp_path / "plain"
+    shutil.copytree(workdir / "base", plain)
+    (plain / "chat_template.jinja").unlink()
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--apply_chat_template", "--tasks", "x"])
+    with pytest.raises(ValueError, match=r"looped: --apply_chat_template, but the tokenizer of .*plain has no chat "
+                                         r"template .* put the model family's chat template \(Jinja text\) in "
+                                         r".*plain/chat_template.jinja, or evaluate without --apply_chat_template"):
+        LoopedLM(pretrained=str(plain))
+    monkeypatch.undo()
+    lm = LoopedLM(pretrained=str(plain), device="cpu")  # an in-process run: refused at the first prompt
+    with pytest.raises(ValueError, match="looped: apply_chat_template, but the tokenizer of .*plain has no chat"):
+        lm.apply_chat_template([{"role": "user", "content": "2 + 2 ="}])
+
+
 @pytest.mark.slow
 def test_registered_in_a_fresh_interpreter():
     code = (
