@@ -319,16 +319,17 @@ class _Search:
         self.base: dict[tuple, torch.Tensor] = {}  # the unlooped final hidden states of each test batch
         self.base_temperature = 1.0  # the unlooped model's T*: where each candidate's fit starts
         self.scored = self.fit_evaluations = 0
-        # the bar counts (candidate, text batch) steps, shown in candidates
+        # the bar counts whole candidates, written; its postfix the text batches of the round under way
         self.steps = sum(len(b) for b in self.batches.values())
+        self.step = 0
         self.val_tokens = sum(int((labels[:, 1:] != -100).sum()) for _, _, labels, _ in batches["val"])
         self.test_documents = test_documents
         self.counts = resample_counts(test_documents)  # every candidate's interval uses the same resamples
         self.base_doc_nll_t = None
-        self.bar = tqdm(total=0, unit="cand", unit_scale=1 / self.steps, disable=not progress, dynamic_ncols=True)
+        self.bar = tqdm(total=0, unit="cand", disable=not progress, dynamic_ncols=True)
 
     def bar_add(self, n: int) -> None:
-        self.bar.total += n * self.steps
+        self.bar.total += n
         self.bar.refresh()
 
     def close(self) -> None:
@@ -338,7 +339,10 @@ class _Search:
         self.bar.write(f"place: {message}", file=sys.stderr)
 
     def _advance(self, candidates: int) -> None:
-        self.bar.update(candidates)
+        """One text batch of ``candidates`` candidates done (shown in the postfix; 0: not counted)."""
+        if candidates:
+            self.step = self.step % self.steps + 1
+            self.bar.set_postfix_str(f"{candidates} in this round, text batch {self.step}/{self.steps}")
 
     def _fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
         fit = self.scorer.fit(kept, targets, self.base_temperature)
@@ -414,3 +418,4 @@ class _Search:
         append_placement(self.path, row)
         self.rows[row.key] = row
         self.scored += 1
+        self.bar.update(1)
