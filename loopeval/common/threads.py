@@ -16,8 +16,8 @@ machine's load, so that a run's outputs do not depend on other processes.
 
 Other processes on the machine slow a run that uses every core (a descheduled thread
 holds up each parallel region; docs/benchmarks.md, "Threads"); when a short sample of
-``/proc/stat`` finds them busy at the start, a warning names a ``LOOPEVAL_THREADS`` that
-would leave them their cores. The count stays as decided: the user picks speed or
+``/proc/stat`` finds them busy at the start, a warning names an ``OMP_NUM_THREADS`` that
+would leave them their cores (set for every run compared: ``--model hf`` honours it too). The count stays as decided: the user picks speed or
 agreement with runs made on an idle machine.
 """
 
@@ -156,7 +156,7 @@ def configure_threads(*, workers: int = 1) -> ThreadChoice:
     free = max(1, (cores - taken) // max(1, workers))
     if free < n:
         warnings.warn(f"other processes keep {others:.1f} of {cores} cores busy; torch uses {n} thread(s) "
-                      f"regardless, so outputs match an idle machine's but run slower. LOOPEVAL_THREADS={free} "
-                      "would leave them their cores (a count changes float rounding: compare runs made at "
-                      "the same count)", RuntimeWarning, stacklevel=2)
+                      f"regardless, so outputs match an idle machine's but run slower. OMP_NUM_THREADS={free} "
+                      "would leave them their cores; a count changes float rounding, so set it for every run "
+                      "you compare (lm_eval --model hf honours it too)", RuntimeWarning, stacklevel=2)
     return _CHOICE

@@ -64,7 +64,7 @@ def test_the_count_never_follows_the_load(fresh, busy, own, workers, expected, w
     messages = [str(w.message) for w in recwarn.list if w.category is RuntimeWarning]
     assert bool(messages) == warns
     if busy == 2.6:
-        assert "LOOPEVAL_THREADS=5" in messages[0]
+        assert "OMP_NUM_THREADS=5" in messages[0]
 
 
 def test_first_call_decides(fresh):
