@@ -229,3 +229,28 @@ def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+_SPIN = "import os, multiprocessing as m\ndef f(_):\n    while True: pass\nm.Pool(os.cpu_count()).map(f, range(os.cpu_count()))"
+
+
+class busy_machine:
+    """A context in which another process spins on every core (started ``settle`` seconds
+    before the body, killed with its pool after it)."""
+
+    def __init__(self, settle: float = 1.5):
+        self.settle = settle
+
+    def __enter__(self):
+        import time
+
+        self.process = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True,
+                                        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
+        time.sleep(self.settle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        os.killpg(self.process.pid, signal.SIGKILL)  # the pool's workers too
+        self.process.wait()

@@ -5,7 +5,8 @@ dequantises its weights to float, but the model it returns is marked as quantise
 ("quantized with gguf and is not serializable"), so ``save_pretrained`` refuses it.
 :func:`import_gguf` rebuilds the model from its config without the GGUF marks, loads the
 dequantised state dict into it and saves a plain checkpoint folder (config, safetensors
-weights, tokenizer, chat template if the file has one, generation config), which
+weights, tokenizer, chat template if the file has one, generation config, and
+``gguf_import.json``: the source file and whether it carried a chat template), which
 ``load_model``, ``lm_eval --model looped``, ``place``, ``train`` and ``serve-cost`` take
 like any other. The weights are exactly the dequantised ones at ``dtype="float32"``
 (transformers' own GGUF load), rounded once at ``bfloat16``/``float16``.
@@ -13,9 +14,11 @@ like any other. The weights are exactly the dequantised ones at ``dtype="float32
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 from loopeval.common.outputs import check_not_installed
@@ -23,6 +26,13 @@ from loopeval.core.gguf_header import check_header
 
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
+IMPORT_RECORD = "gguf_import.json"
+
+
+def chat_template_fix(folder: str | Path) -> str:
+    """How to give a checkpoint folder without a chat template one."""
+    return (f"put the model family's chat template (Jinja text) in {Path(folder) / 'chat_template.jinja'}, "
+            "or evaluate without --apply_chat_template")
 
 
 def check_gguf(file: str | Path) -> Path:
@@ -49,6 +59,7 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
     damaged (:func:`check_gguf`); after the conversion, before anything is written, a file
     whose tensors leave weights of its architecture's model unset. The folder is written
     beside ``out`` and renamed into place, so a failed import leaves no partial checkpoint.
+    A GGUF without a chat template (Gemma 3 270M's) is imported with a warning that names the fix.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -65,6 +76,10 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
                                                         output_loading_info=True)
     _check_loaded(file, loaded, info)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if not has_template:
+        warnings.warn(f"{file}: the GGUF carries no chat template, so {out} has none and lm_eval "
+                      f"--apply_chat_template will refuse it; {chat_template_fix(out)}", stacklevel=2)
     config = loaded.config
     for attr in ("quantization_config", "gguf_file"):
         if hasattr(config, attr):
@@ -87,6 +102,8 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        record = {"gguf": name, "bytes": path.stat().st_size, "dtype": dtype, "chat_template": has_template}
+        (staging / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         if out.exists():
             out.rmdir()
         staging.rename(out)

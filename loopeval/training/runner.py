@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from loopeval.common.outputs import record_written
-from loopeval.common.threads import adjust_threads
 from loopeval.core.checkpoint import load_model, save_model
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import apply_loop, loop_passes
@@ -259,7 +258,6 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
     started = time.perf_counter()
     eval_time = 0.0
     for step in range(config.steps):
-        adjust_threads()
         step_started = time.perf_counter()
         rows = order[step].tolist()
         update_batch_hash(batches_hash, data, rows)

@@ -16,7 +16,7 @@ from pathlib import Path
 from loopeval.common.outputs import check_not_installed, remove_written
 from loopeval.core.loop import resolve_loop
 from loopeval.core.spec import LoopConfig, LoopSpec
-from loopeval.common.threads import available_cores, configure_threads
+from loopeval.common.threads import available_cores, check_threads, configure_threads, requested_threads
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
 from loopeval.training.manifest import MANIFEST_NAME
@@ -123,7 +123,8 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     Everything is checked before the twin starts.
 
     ``parallel``: train both at once, in two local processes of ``threads`` torch threads
-    each (default: half the available cores, at least one), a count fixed for the whole
+    each (default: ``LOOPEVAL_THREADS``/``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` if set,
+    else half the available cores, at least one), a count fixed for the whole
     run, so the weights do not depend on the machine's load. On a CPU with small
     matrices, two one-thread processes use two cores better than one two-thread process.
     Not with an ``accelerator`` (a distributed job trains one side per launch).
@@ -134,8 +135,14 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     if parallel and accelerator is not None:
         raise ValueError("parallel: the twin and the looped model run as two local processes; "
                          "pass no accelerator (a distributed job trains one side: train_model or --only)")
-    if threads is not None and (not parallel or threads < 1):
-        raise ValueError(f"threads={threads!r}: the per-process thread count of parallel=True, a whole number >= 1")
+    if threads is not None and not parallel:
+        raise ValueError(f"threads={threads!r}: the per-process thread count of parallel=True")
+    if parallel:
+        requested = requested_threads()
+        threads = (check_threads(threads) if threads is not None else
+                   requested[0] if requested else max(1, available_cores() // 2))
+    else:
+        configure_threads()
     config = config or TrainConfig()
     out = Path(out)
     for sub in (TWIN, LOOPED):
@@ -149,7 +156,6 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     if parallel:
         import multiprocessing
 
-        threads = threads or max(1, available_cores() // 2)
         pool = multiprocessing.get_context("spawn").Pool(2)
         try:
             pending = [pool.apply_async(_train_side, (threads, side, dict(progress=progress, keep_adapters=keep_adapters,
@@ -166,7 +172,6 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
             pool.close()
             pool.join()
         return results[0], results[1]
-    configure_threads()
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
     results = []
     for side in sides:

@@ -438,8 +438,9 @@ def test_the_serving_section_shows_table_10(runs, tmp_path):
 
 
 def test_wall_clock_puts_looped_points_at_their_measured_latency(runs, tmp_path):
-    """The fixture loop 1:2x2 charges c = 5/4 passes; measured at 20 -> 27.5 ms per token
-    (x1.375), each looped point of Figure 2 moves by 1.375 / 1.25 = 1.1, unlooped points stay."""
+    """The fixture loop 1:2x2 charges c = 5/4 passes; measured at 20 -> 26 ms per token
+    (x1.3, inside what c allows), each looped point of Figure 2 moves by 1.3 / 1.25 = 1.04, unlooped
+    points stay; a latency ratio c does not allow is refused."""
     from loopeval.evaluation.serving import ModelServing, ServeCost, Spread
 
     def side(loop, passes, ms):
@@ -449,21 +450,24 @@ def test_wall_clock_puts_looped_points_at_their_measured_latency(runs, tmp_path)
                             throughput={1: Spread.of([1e3 / ms])}, max_batch=1, peak_memory_bytes=10**9,
                             memory_growth_per_token=passes)
 
-    ServeCost((side(None, 4, 20.0), side("1:2x2", 5, 27.5)), {"device": "cpu"}).write(tmp_path / "serve")
+    ServeCost((side(None, 4, 20.0), side("1:2x2", 5, 26.0)), {"device": "cpu"}).write(tmp_path / "serve")
     twins, looped = _pick(runs, "twin_"), _pick(runs, "looped_")
     with pytest.warns(UserWarning):
         charged = build_report(twins, looped, n_resamples=300)
     with pytest.warns(UserWarning):
         timed = build_report(twins, looped, n_resamples=300, serve_cost=[tmp_path / "serve"], wall_clock=True)
-    assert timed.wall_clock == pytest.approx(1.1)
+    assert timed.wall_clock == pytest.approx(1.04)
     for a, b in zip(charged.figure, timed.figure):
         for p, q in zip(a["points"], b["points"]):
-            assert q["x"] == pytest.approx(p["x"] * (1.1 if a["looped"] else 1.0)) and q["y"] == p["y"]
+            assert q["x"] == pytest.approx(p["x"] * (1.04 if a["looped"] else 1.0)) and q["y"] == p["y"]
     assert "measured decode time" in render(timed)
     with pytest.raises(ValueError, match="--wall-clock needs one --serve-cost measurement of the loop 1:2x2"):
         build_report(twins, looped, wall_clock=True)
     with pytest.raises(ValueError, match="drop --cost flops"):
         build_report(twins, looped, serve_cost=[tmp_path / "serve"], wall_clock=True, cost="flops")
+    ServeCost((side(None, 4, 20.0), side("1:2x2", 5, 16.0)), {"device": "cpu"}).write(tmp_path / "fast")
+    with pytest.raises(ValueError, match=r"fast's latency is unreliable: latency x0.800 .* faster than the unlooped"):
+        build_report(twins, looped, serve_cost=[tmp_path / "fast"], wall_clock=True)
 
 
 def test_a_training_free_report_needs_no_manifest_and_opens_with_the_verdict(tmp_path, make_runs):

@@ -293,9 +293,16 @@ def test_parallel_options_are_checked(tmp_path, work):
                     parallel=True, accelerator=object())
     with pytest.raises(ValueError, match="threads=2"):
         train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "b", config=CONFIG, threads=2)
-    with pytest.raises(ValueError, match="threads=0"):
-        train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "c", config=CONFIG,
-                    parallel=True, threads=0)
+    for bad in (0, 2.5, True, "two", 100000):
+        with pytest.raises(ValueError, match=f"threads={bad!r}: expected a whole number"):
+            train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "c", config=CONFIG,
+                        parallel=True, threads=bad)
+
+
+def test_parallel_twins_refuse_a_bad_environment_count(tmp_path, work, monkeypatch):
+    monkeypatch.setenv("LOOPEVAL_THREADS", "0")
+    with pytest.raises(ValueError, match="LOOPEVAL_THREADS='0'"):
+        train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "c", config=CONFIG, parallel=True)
 
 
 @pytest.mark.slow
