@@ -167,7 +167,7 @@ def test_a_checkpoint_retrained_in_place_is_evaluated_again(world, tmp_path, cap
     run_study(path, progress=False)
     tok = tiny_tokenizer()
     save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tok), num_layers=4, seed=7), "1:3x2"), tok, looped)
-    with pytest.raises(ValueError, match=r"looped__plain__1x: .* other settings \(weights: "):
+    with pytest.raises(ValueError, match=r"looped__plain__1x: .* other settings \(weights\.pretrained: "):
         run_study(path, progress=False, rerun=False)
     result = run_study(path, progress=False)
     assert result.outcomes == {"twin__plain__1x": "skipped: done", "looped__plain__1x": "done"}

@@ -81,9 +81,9 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
                                          progress=progress))
         if not report:
             return StudyResult(study, outcomes, None)
-        missing = [e.name for e in evaluations if not e.folder.is_dir()]
+        missing = [e.name for e in evaluations if status(e, study) != "done"]  # by content, as the done-check
         if missing:
-            print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
+            print(f"no report: {len(missing)} evaluation(s) not done or made from other inputs ({', '.join(missing[:3])}"
                   f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
             return StudyResult(study, outcomes, None)
         return StudyResult(study, outcomes, write_study_report(study, evaluations))
