@@ -179,6 +179,15 @@ def test_a_checkpoint_retrained_in_place_is_evaluated_again(world, tmp_path, cap
     (old,) = find_traces(next((tmp_path / "out" / "evals" / ".replaced").iterdir()))
     assert trace.header.weights != old.header.weights
 
+    # issue 32: weights removed: the stale evaluation is moved aside before its re-run fails,
+    # and no report is left standing from it
+    (looped / "model.safetensors").unlink()
+    failed = run_study(path, progress=False)
+    assert failed.failed == ["looped__plain__1x"] and failed.report is None
+    assert not (tmp_path / "out" / "evals" / "looped__plain__1x").exists()
+    assert not (tmp_path / "out" / "report.html").exists()
+    assert len(list((tmp_path / "out" / ".replaced").glob("report.*/report.html"))) == 2  # one per re-run
+
 
 @pytest.mark.slow
 def test_two_workers_on_the_cpu(world, tmp_path):

@@ -15,6 +15,7 @@ import fnmatch
 from contextlib import nullcontext
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,8 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
             cost = expected_cost(study, chosen)
             _print_plan(study, chosen, todo, cost)
             return StudyResult(study, {**outcomes, **{e.name: "planned" for e in todo}}, None)
+        if not report_only and any(status(e, study) != "done" for e in evaluations):
+            _move_report_aside(study)
         if todo and not report_only:
             expected = expected_cost(study, todo) if len(devices or [None] * workers) > 1 else {}
             outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
@@ -87,6 +90,20 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
                   f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
             return StudyResult(study, outcomes, None)
         return StudyResult(study, outcomes, write_study_report(study, evaluations))
+
+
+def _move_report_aside(study: Study) -> None:
+    """A report whose evaluations are not all done with the study's inputs no longer stands:
+    its files go to ``OUTPUT/.replaced/report.TIME`` before anything runs."""
+    files = [p for p in (*study.output.glob("report.*"), *study.output.glob("report_*")) if p.is_file()]
+    if not files:
+        return
+    aside = study.output / ".replaced" / f"report.{time.strftime('%Y%m%dT%H%M%S')}"
+    aside.mkdir(parents=True, exist_ok=True)
+    for file in files:
+        file.replace(aside / file.name)
+    print(f"the report in {study.output} was made from evaluations that are being redone or are missing; "
+          f"moved to {aside}", file=sys.stderr)
 
 
 def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
