@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -223,7 +224,41 @@ def read_trace(path: str | Path) -> Trace:
             trace.items.append(value)
     if trace is None:
         raise ValueError(f"{path}: empty loopeval trace file")
+    check_against_loop(trace)
     return trace
+
+
+def check_against_loop(trace: Trace) -> None:
+    """Refuse a trace whose passes, cost and loop disagree (an edited trace, or one written by
+    another tool): the header's ``cost`` must be that of its ``loop`` (spec, passes
+    :func:`loopeval.core.spec.charged_passes` on its ``base_passes`` layers, multiplier
+    passes / base passes) and every item must charge those passes per token. The error
+    names the file and both values."""
+    from loopeval.core.spec import LoopSpec, charged_passes
+
+    header, cost = trace.header, trace.header.cost
+    given = (header.loop or {}).get("loop")
+    spec = LoopSpec.parse(given) if given else None
+    name = str(spec) if spec else "none (unlooped)"
+
+    def refuse(what: str, found, expected) -> ValueError:
+        return ValueError(f"{trace.path}: {what} is {found!r}, but the trace's loop {name} gives {expected!r}; "
+                          "the trace was edited or does not belong to its loop: evaluate again")
+
+    if "loop" in cost and (cost["loop"] or None) != (str(spec) if spec else None):
+        raise refuse("the cost's loop", cost["loop"], str(spec) if spec else None)
+    base = cost.get("base_passes")
+    passes = charged_passes(int(base), spec) if isinstance(base, (int, float)) and base > 0 else cost.get("passes")
+    if passes is None:
+        return
+    if "passes" in cost and not math.isclose(float(cost["passes"]), passes):
+        raise refuse(f"the cost's layer passes per token (of {base} layers)", cost["passes"], passes)
+    if base and "multiplier" in cost and not math.isclose(float(cost["multiplier"]), passes / base):
+        raise refuse("the cost multiplier c", cost["multiplier"], passes / base)
+    for item in trace.items:
+        if not math.isclose(float(item.passes_per_token), passes):
+            raise refuse(f"passes_per_token of item (task {item.task}, doc_id {item.doc_id})", item.passes_per_token,
+                         passes)
 
 
 def find_traces(folder: str | Path) -> list[Trace]:
