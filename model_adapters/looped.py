@@ -39,7 +39,7 @@ from loopeval.common.args import as_bool, as_field, as_int, as_text
 from loopeval.common.threads import adjust_threads, configure_threads
 from loopeval.core.cache_check import check_cache as run_cache_check
 from loopeval.core.checkpoint import weights_fingerprint
-from loopeval.evaluation.identity import output_identity
+from loopeval.evaluation.identity import loaded_fingerprint, output_identity
 from loopeval.core.loop import check_source
 from loopeval.core.cost import loop_cost
 from loopeval.evaluation.decoding import (
@@ -245,6 +245,7 @@ class LoopedLM(HFLM):
             template_args = dict(kwargs.pop("chat_template_args", None) or {})
             template_args["enable_thinking"] = as_bool("enable_thinking", kwargs.pop("enable_thinking"))
             kwargs["chat_template_args"] = template_args
+        self.files = loaded_fingerprint({"pretrained": pretrained, **kwargs}, weights=False)  # before loading
         self.batch_size_used = None  # what batch_size=auto detected
         self.chat_template_applied = False
         super().__init__(pretrained, **kwargs)
@@ -312,6 +313,7 @@ class LoopedLM(HFLM):
             versions={"loopeval": loopeval.__version__, "python": platform.python_version(), "torch": torch.__version__},
             weights=self.weights,
             generation={"cache_implementation": self.args.cache_implementation, "compile": self.args.compile},
+            files=self.files,
         )
 
     def _identity(self) -> dict:

@@ -37,8 +37,9 @@ PROMPTS = "prompts"
 GENERATION_KWARGS = "generation_kwargs"
 TASK_VERSION = "task_version"
 WEIGHTS = "weights"
-NOT_OUTPUT = ("cost", "cache_check", "versions", "generation")
-"""Trace-header fields that record speed or provenance, not outputs; every other header field is identity."""
+NOT_OUTPUT = ("cost", "cache_check", "versions", "generation", "model")
+"""Trace-header fields that record speed or provenance (the model's path: its content is in
+``weights`` and ``files``), not outputs; every other header field is identity."""
 
 
 @dataclass(frozen=True)
@@ -169,12 +170,19 @@ checkpoint (in its ``subfolder``, or only its ``gguf_file``), a separate tokeniz
 PEFT adapter and delta weights."""
 
 
-def checkpoint_fingerprint(path, *, gguf_file: str | None = None, subfolder: str | None = None) -> str | None:
+WEIGHT_FILES: tuple[str, ...] = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+"""Weight files of a checkpoint folder: what a loaded model's own fingerprint
+(``checkpoint.weights_fingerprint``) covers, so a running evaluation need not hash them again."""
+
+
+def checkpoint_fingerprint(path, *, gguf_file: str | None = None, subfolder: str | None = None,
+                           weights: bool = True) -> str | None:
     """sha256 of what a local checkpoint folder gives a loader: the content of its top-level
     files but :data:`NOT_OUTPUT_FILES` (weights, configs, tokenizer, chat template, loop and
     exit gate), or of the one GGUF file ``gguf_file`` in it; ``None`` for a hub name or a
     path that does not exist. Decided by content: a checkpoint retrained in place gets a new
-    fingerprint, a copy in another folder the same one."""
+    fingerprint, a copy in another folder the same one. ``weights=False`` leaves out
+    :data:`WEIGHT_FILES` (configs, tokenizer, chat template and loop only)."""
     folder = Path(path) / subfolder if subfolder else Path(path)
     if gguf_file is not None and folder.is_dir():
         folder = folder / gguf_file
@@ -182,17 +190,19 @@ def checkpoint_fingerprint(path, *, gguf_file: str | None = None, subfolder: str
         files = [folder]
     elif folder.is_dir():
         files = sorted(p for p in folder.iterdir()
-                       if p.is_file() and not any(fnmatch.fnmatch(p.name, pattern) for pattern in NOT_OUTPUT_FILES))
+                       if p.is_file() and not any(fnmatch.fnmatch(p.name, pattern) for pattern in
+                                                  NOT_OUTPUT_FILES + (() if weights else WEIGHT_FILES)))
     else:
         return None
     stats = tuple((str(p), s.st_size, s.st_mtime_ns, s.st_ino) for p in files for s in [p.stat()])
     return _fingerprint(stats)
 
 
-def loaded_fingerprint(model_args: Mapping) -> dict[str, str | None]:
+def loaded_fingerprint(model_args: Mapping, *, weights: bool = True) -> dict[str, str | None]:
     """The content identity of everything loaded for these ``hf``/``looped`` model args
     (after every override: the args as passed): per arg of :data:`LOADED_ARGS` that is
-    given, its :func:`checkpoint_fingerprint`, or its name for a hub id (``name@revision``)."""
+    given, its :func:`checkpoint_fingerprint` (``weights=False``: without its weight files),
+    or its name for a hub id (``name@revision``)."""
     out = {}
     for name in LOADED_ARGS:
         value = model_args.get(name)
@@ -201,7 +211,8 @@ def loaded_fingerprint(model_args: Mapping) -> dict[str, str | None]:
         kwargs = {"gguf_file": model_args.get("gguf_file"), "subfolder": model_args.get("subfolder")} \
             if name == "pretrained" else {}
         local = Path(value).exists()
-        out[name] = checkpoint_fingerprint(value, **kwargs) if local else f"{value}@{model_args.get('revision') or 'main'}"
+        out[name] = checkpoint_fingerprint(value, weights=weights, **kwargs) if local else \
+            f"{value}@{model_args.get('revision') or 'main'}"
     return out
 
 

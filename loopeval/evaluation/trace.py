@@ -7,7 +7,7 @@ Its format lives here only. A trace is a JSON-lines file named
      "loop": {"loop", "operator", "beta", "mix"[, "mix_source"]} | null, "exit_after": int | null,
      "cost": {...LoopCost.summary()},
      "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff"} | null,
-     "versions": {...}, "generation": {"cache_implementation", "compile"}}
+     "versions": {...}, "generation": {"cache_implementation", "compile"}, "files": {arg: sha256}}
 
 ``decoding`` holds exactly the settings both sides of a comparison must share
 (:class:`DecodingSettings`); the loop and its cost are what legitimately differ.
@@ -15,6 +15,9 @@ Its format lives here only. A trace is a JSON-lines file named
 setting (a twin has no loop): ``loop`` is the loop as evaluated, every window at
 ``K = exit_after``, and ``cost`` is that of those k steps.
 
+``files`` is the content of the loaded files besides the weights (configs, tokenizer, chat
+template, loop: :func:`loopeval.evaluation.identity.loaded_fingerprint` without weight files),
+per model arg that loads some (``pretrained``, ``tokenizer``, ``peft``, ``delta``).
 ``generation`` records how ``generate`` ran (cache implementation, compiled decoding):
 settings that change speed but not outputs, so they are recorded, not compared.
 Every following line is one generation request::
@@ -107,6 +110,7 @@ class TraceHeader:
     weights: str | None = None  # checkpoint.weights_fingerprint of the evaluated weights
     exit_after: int | None = None  # the fixed exit (steps run of a longer trained loop), or None
     generation: dict = field(default_factory=dict)  # speed-only: cache_implementation, compile (not compared)
+    files: dict = field(default_factory=dict)  # identity.loaded_fingerprint(..., weights=False): configs, tokenizer
 
     @property
     def looped(self) -> bool:
@@ -131,7 +135,8 @@ class TraceHeader:
         return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
                    decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
                    versions=dict(rec.get("versions") or {}), weights=rec.get("weights"),
-                   exit_after=rec.get("exit_after"), generation=dict(rec.get("generation") or {}))
+                   exit_after=rec.get("exit_after"), generation=dict(rec.get("generation") or {}),
+                   files=dict(rec.get("files") or {}))
 
     @classmethod
     def _from_format_1(cls, s: dict) -> TraceHeader:
