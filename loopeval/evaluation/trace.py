@@ -6,7 +6,8 @@ Its format lives here only. A trace is a JSON-lines file named
     {"kind": "header", "format": 2, "created": <unix seconds>, "model": str,
      "loop": {"loop", "operator", "beta", "mix"[, "mix_source"]} | null, "exit_after": int | null,
      "cost": {...LoopCost.summary()},
-     "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff"} | null,
+     "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff", "error", "decided_in",
+     "rounding_gap"} | null,
      "versions": {...}, "generation": {"cache_implementation", "compile"}, "files": {arg: sha256}}
 
 ``decoding`` holds exactly the settings both sides of a comparison must share
