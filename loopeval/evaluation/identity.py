@@ -216,15 +216,22 @@ def loaded_fingerprint(model_args: Mapping, *, weights: bool = True) -> dict[str
     return out
 
 
+TASK_PATHS = ("data_files", "cache_dir")
+"""``dataset_kwargs`` that name where a task's data lies, not what it holds (its documents are hashed)."""
+
+
 def task_fingerprint(task) -> str:
     """sha256 of an lm-eval task's whole definition, as loaded: its config after includes
-    and overrides (functions as their source), the source files of its functions (the
-    ``utils.py`` they live in) and the content of every evaluation and few-shot document
-    (after ``process_docs``), so an edited data file or YAML changes it, a renamed folder does not."""
+    and overrides (functions as their source; without the data's paths, :data:`TASK_PATHS`),
+    the source files of its functions (the ``utils.py`` they live in) and the content of
+    every evaluation and few-shot document (after ``process_docs``), so an edited data file
+    or YAML changes it, a moved data file does not."""
     import inspect
 
     digest = hashlib.sha256()
     config = task.config.to_dict(keep_callable=True)
+    config["dataset_kwargs"] = {k: v for k, v in (config.get("dataset_kwargs") or {}).items()
+                                if k not in TASK_PATHS}
     files = set()
 
     def plain(value):

@@ -137,6 +137,9 @@ NOT_COVERED = {
     "the weights file touched, same content": lambda r: (r / "model" / "model.safetensors").write_bytes(
         (r / "model" / "model.safetensors").read_bytes()),
     "a README in the task folder": lambda r: (r / "tasks" / "README.md").write_text("# tasks"),
+    "the data file moved, the YAML naming its new place": lambda r: (
+        shutil.move(r / "tasks" / "data.jsonl", r / "data.jsonl"),
+        _edit(r / "tasks" / "tiny_id.yaml", str(r / "tasks" / "data.jsonl"), str(r / "data.jsonl"))),
 }
 """Changes that cannot change outputs: generated from NOT_OUTPUT_FILES, plus folders and touches."""
 
