@@ -18,13 +18,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from loopeval.common.outputs import check_not_installed
+from loopeval.core.gguf_header import check_header
+
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def check_gguf(file: str | Path) -> Path:
-    """``file`` as a path, or ``ValueError`` if it is missing or not a GGUF file (its first
-    four bytes are not ``GGUF``)."""
+    """``file`` as a path, or ``ValueError`` if it is missing, not a GGUF file (its first
+    four bytes are not ``GGUF``), or a damaged one: its header, metadata and tensor table
+    are checked against the file size and its architecture
+    (:func:`loopeval.core.gguf_header.check_header`)."""
     path = Path(file)
     if not path.is_file():
         raise ValueError(f"{file}: no such GGUF file")
@@ -32,27 +37,33 @@ def check_gguf(file: str | Path) -> Path:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ValueError(f"{file}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+    check_header(path)
     return path
 
 
 def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") -> Path:
     """Write the model in the GGUF ``file`` as a float Hugging Face checkpoint folder ``out``.
 
-    Refused before any loading: a missing file, a file that is not GGUF, an unknown
-    ``dtype`` and an ``out`` that exists and is not empty. The folder is written beside
-    ``out`` and renamed into place, so a failed import leaves no partial checkpoint.
+    Refused before any loading: an unknown ``dtype``, an ``out`` that exists and is not
+    empty or lies in loopeval's installed folders, a file that is missing, not GGUF or
+    damaged (:func:`check_gguf`); after the conversion, before anything is written, a file
+    whose tensors leave weights of its architecture's model unset. The folder is written
+    beside ``out`` and renamed into place, so a failed import leaves no partial checkpoint.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = check_gguf(file).resolve()
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty folder; choose another --out")
+    check_not_installed(out, "--out")
+    path = check_gguf(file).resolve()
     folder, name = path.parent, path.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    loaded, info = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                        output_loading_info=True)
+    _check_loaded(file, loaded, info)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = loaded.config
     for attr in ("quantization_config", "gguf_file"):
@@ -83,3 +94,14 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _check_loaded(file, model, info: dict) -> None:
+    """Refuse a GGUF whose tensors leave weights of its architecture's model unset
+    (transformers would initialise them at random): e.g. a Llama file labelled ``qwen2``
+    lacks Qwen2's attention biases."""
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    missing = sorted(set(info.get("missing_keys") or ()) - tied)
+    if missing:
+        raise ValueError(f"{file}: its tensors do not make a {model.config.model_type} model: {len(missing)} weights "
+                         f"are missing (e.g. {missing[0]}); is general.architecture right?")

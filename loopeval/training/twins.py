@@ -10,31 +10,44 @@ code path. Everything is checked before any weights load.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from loopeval.common.outputs import check_not_installed, remove_written
 from loopeval.core.loop import resolve_loop
 from loopeval.core.spec import LoopConfig, LoopSpec
 from loopeval.common.threads import available_cores, configure_threads
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
+from loopeval.training.manifest import MANIFEST_NAME
 from loopeval.training.recipes import Recipe
 from loopeval.training.registry import RECIPE_OPERATORS, make_recipe
 from loopeval.training.runner import LOOPED, TWIN, TrainResult, check_first_step, train_one
 
 
-PREVIOUS_RUN = ("adapter", "checkpoint-*")
-"""What a previous training leaves in its folder beside the files every run rewrites; ``--overwrite`` removes it."""
+def _previous_run(out: Path) -> list[str]:
+    """What the previous training's manifest in ``out`` records writing beside the files
+    every run rewrites: its intermediate checkpoints and kept adapters."""
+    try:
+        manifest = json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(manifest, dict):
+        return []
+    checkpoints = manifest.get("checkpoints") if isinstance(manifest.get("checkpoints"), list) else []
+    return [c["path"] for c in checkpoints if isinstance(c, dict) and isinstance(c.get("path"), str)] + \
+        [a for a in [manifest.get("adapters")] if isinstance(a, str)]
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse a non-empty ``out`` unless ``overwrite``; with it, remove only what an earlier
+    training recorded writing there (its checkpoints and adapters, even from an
+    interrupted run), never a user's files that happen to share a name pattern."""
+    check_not_installed(out, "--out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ValueError(f"output folder {out} exists and is not empty; choose another or pass overwrite=True (--overwrite)")
     if overwrite and out.is_dir():
-        import shutil
-
-        for pattern in PREVIOUS_RUN:
-            for old in out.glob(pattern):
-                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+        remove_written(out, _previous_run(out))
 
 
 def _resolve(base: str | Path, loop, recipe: str, options: dict) -> LoopConfig | None:

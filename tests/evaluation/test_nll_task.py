@@ -12,6 +12,7 @@ import torch
 import yaml
 from lm_eval.loggers import EvaluationTracker
 from lm_eval.tasks import TaskManager
+from support import rows, write_jsonl
 
 from loopeval import save_model
 from loopeval.evaluation.local_data import expected_files, task_sources, write_local_tasks
@@ -124,13 +125,21 @@ def test_local_tasks_read_the_local_files_under_the_same_names(setup):
         assert text["dataset_kwargs"]["data_files"] == {"test": [str((root / "data/gsm8k/main/test.jsonl").resolve())]}
 
 
+HUB_FIXTURES = {"openai/gsm8k": "gsm8k.jsonl", "HuggingFaceH4/MATH-500": "math500.jsonl",
+                "Maxwell-Jia/AIME_2024": "aime24.jsonl", "math-ai/aime25": "aime25.jsonl",
+                "Idavidrein/gpqa": "gpqa_diamond.jsonl", "allenai/ai2_arc": "arc_challenge.jsonl",
+                "tau/commonsense_qa": "commonsenseqa.jsonl"}
+
+
 def test_every_task_has_a_local_layout_and_groups_follow_their_tasks(tmp_path):
     sources = task_sources()
     assert "gsm8k_nll" in sources and expected_files("gsm8k_nll") == "gsm8k/main/test.<jsonl|json|parquet|csv>"
-    for task in sources:
+    mmlu_pro = [{"question_id": i, "question": f"q{i}", "options": ["a", "b"], "answer_index": 0} for i in range(2000)]
+    for task, source in sources.items():
         pattern = tmp_path / "data" / expected_files(task).replace("<jsonl|json|parquet|csv>", "jsonl")
         pattern.parent.mkdir(parents=True, exist_ok=True)
-        pattern.write_text("{}\n")
+        records = mmlu_pro if source["dataset_path"] == "TIGER-Lab/MMLU-Pro" else rows(HUB_FIXTURES[source["dataset_path"]])
+        write_jsonl(pattern, records)  # records the task's own process_docs reads (local-tasks checks them)
     written = write_local_tasks(tmp_path / "data", tmp_path / "tasks")
     assert set(written.tasks) == set(sources) and not written.skipped
     groups = [f.stem for f in tasks_path().glob("loop_*.yaml")]

@@ -93,8 +93,8 @@ PARTS = {
         "generation config": lambda r: _edit(r / "model" / "generation_config.json", "{", '{"max_new_tokens": 3, '),
         "an unknown file": lambda r: (r / "model" / "added_weights.bin").write_bytes(b"\x01\x02"),
         "deleted weights": lambda r: (r / "model" / "model.safetensors").unlink(),
-        "a shared pretrained override": {"lm_eval": {"batch_size": 2, "device": "cpu",
-                                                     "model_args": {"pretrained": "other"}}},
+        "a tokenizer folder in the model args": {"models": [{"name": "m", "role": "twin", "path": "model",
+                                                              "model_args": {"tokenizer": "other"}}]},
     },
     # the task's whole definition
     "task_definitions": {

@@ -333,6 +333,9 @@ def test_heldout_loss_and_intermediate_checkpoints(tmp_path, work, tokenizer):
                          heldout=held, progress=False)
     curve = result.manifest["heldout_curve"]
     assert [p["step"] for p in curve] == [2, 4] and result.manifest["checkpoints"][0]["path"] == "checkpoint-2"
+    from loopeval.common.outputs import WRITTEN_NAME  # recorded before writing: --overwrite removes it, even if cut
+
+    assert (result.path / WRITTEN_NAME).read_text() == '"checkpoint-2"\n'
     data = load_data(held, tokenizer, max_length=64)
 
     def mean_nll(model):

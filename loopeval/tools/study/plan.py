@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loopeval.common.args import as_bool
+from loopeval.evaluation.local_data import check_local_tasks
 from loopeval.tools.study.spec import DecodingSpec, ModelSpec, Study
 
 SPEC_NAME = "loopeval_evaluation.json"
@@ -52,9 +53,9 @@ class Evaluation:
     def settings(self, study: Study) -> dict:
         """What the outputs depend on, by content (:mod:`loopeval.evaluation.identity`):
         reusing a finished folder needs every one equal. The output settings, the content of
-        everything loaded for the model args as passed (``loaded_fingerprint``: a shared
-        ``pretrained`` override included; the paths themselves do not count, so a moved
-        checkpoint is still done) and each task's whole definition (``task_fingerprint``)."""
+        everything loaded for the model args as passed (``loaded_fingerprint``: the checkpoint
+        and any ``tokenizer``, ``peft`` or ``delta`` folder; the paths themselves do not count,
+        so a moved checkpoint is still done) and each task's whole definition (``task_fingerprint``)."""
         from loopeval.evaluation.identity import LOADED_ARGS, loaded_fingerprint
 
         args = {k: v for k, v in self.model_args(study).items() if k not in ("trace", "resume_dir")}
@@ -113,11 +114,13 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
     """Everything that can be known before any weights load: the tasks exist, each model's
     loop fits its config, twins and looped models get the same per-model args (unless the
     study names the difference in ``intended_differences``), twins share their training
-    manifest, and no finished folder was made with other settings."""
+    manifest, the data of local tasks (``loopeval local-tasks``) reads, and no finished
+    folder was made with other settings."""
     from loopeval.core.loop import resolve_loop
     from loopeval.training.manifest import find_manifest, twin_mismatches
 
     _check_tasks(study)
+    check_local_tasks(study.include_path)
     _check_device(study)
     _check_reserves(study)
     for i, m in enumerate(study.models):
