@@ -39,7 +39,7 @@ from loopeval.common.args import as_bool, as_field, as_int, as_text
 from loopeval.common.threads import configure_threads
 from loopeval.core.cache_check import check_cache as run_cache_check
 from loopeval.core.checkpoint import weights_fingerprint
-from loopeval.evaluation.identity import output_identity
+from loopeval.evaluation.identity import loaded_fingerprint, output_identity
 from loopeval.core.loop import check_source
 from loopeval.core.cost import loop_cost
 from loopeval.core.gguf import chat_template_fix
@@ -263,6 +263,7 @@ class LoopedLM(HFLM):
             template_args = dict(kwargs.pop("chat_template_args", None) or {})
             template_args["enable_thinking"] = as_bool("enable_thinking", kwargs.pop("enable_thinking"))
             kwargs["chat_template_args"] = template_args
+        self.files = loaded_fingerprint({"pretrained": pretrained, **kwargs}, weights=False)  # before loading
         tokenizer = kwargs.get("tokenizer") or pretrained
         if chat_template_requested(sys.argv) and isinstance(tokenizer, str):  # before the weights load
             check_chat_template(tokenizer, revision=kwargs.get("revision") or "main",
@@ -334,10 +335,12 @@ class LoopedLM(HFLM):
             cost=self.cost.summary(),
             decoding=self.decoding_settings(),
             cache_check=None if check is None else {"ok": check.ok, "max_abs_diff": check.max_abs_diff,
-                                                   "error": check.error},
+                                                   "error": check.error, "decided_in": check.decided_in,
+                                                   "rounding_gap": check.rounding_gap},
             versions={"loopeval": loopeval.__version__, "python": platform.python_version(), "torch": torch.__version__},
             weights=self.weights,
             generation={"cache_implementation": self.args.cache_implementation, "compile": self.args.compile},
+            files=self.files,
         )
 
     def _identity(self) -> dict:

@@ -38,6 +38,8 @@ def add(sub) -> None:
     p.add_argument("--dtype", default=argparse.SUPPRESS, help="weight dtype, e.g. bfloat16 (default: the checkpoint's)")
     p.add_argument("--device", default=argparse.SUPPRESS, help="default: cuda if available, else cpu")
     p.add_argument("--top", type=int, default=20, help="rows of the printed table (default 20)")
+    p.add_argument("--no-rerun", dest="rerun", action="store_false", default=argparse.SUPPRESS,
+                   help="refuse, instead of searching again, an --out folder searched with other weights or text")
     p.set_defaults(func=run)
 
 

@@ -8,11 +8,18 @@ prompt of every item (chat template as applied, system instruction, few-shot: al
 lm-eval's ``prompt_hash``). Two sides of a comparison must share everything but the
 weights and the loop; a reused result must share everything.
 
+Before any compute, a result is reusable (a study's done-check, ``place``'s and the demo's
+resume, the resume store's key) only if it was made from the same inputs, by content:
+:func:`loaded_fingerprint` (every file loaded for the model args as passed, but
+:data:`NOT_OUTPUT_FILES`), :func:`task_fingerprint` (the task's config after includes, its
+functions' source files, its documents) and the output settings.
+
 Torch-free: the report, the study and the run loader import it.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import json
@@ -30,8 +37,9 @@ PROMPTS = "prompts"
 GENERATION_KWARGS = "generation_kwargs"
 TASK_VERSION = "task_version"
 WEIGHTS = "weights"
-NOT_OUTPUT = ("cost", "cache_check", "versions", "generation")
-"""Trace-header fields that record speed or provenance, not outputs; every other header field is identity."""
+NOT_OUTPUT = ("cost", "cache_check", "versions", "generation", "model")
+"""Trace-header fields that record speed or provenance (the model's path: its content is in
+``weights`` and ``files``), not outputs; every other header field is identity."""
 
 
 @dataclass(frozen=True)
@@ -148,24 +156,112 @@ def header_mismatch(header: TraceHeader, model_args) -> str | None:
     return "; ".join(why) or None
 
 
-def checkpoint_fingerprint(path) -> str | None:
-    """sha256 of a local checkpoint folder's files (top level: weights, configs, tokenizer), or
-    ``None`` for a hub name. A checkpoint retrained into the same folder gets a new fingerprint."""
-    folder = Path(path)
+NOT_OUTPUT_FILES: tuple[str, ...] = ("README*", "*.md", "LICENSE*", "NOTICE*", "CITATION*", ".git*", "*.log",
+                                     "*.png", "*.jpg", "*.pdf", "*.html", "training_manifest.json")
+"""Files of a checkpoint folder that no model or tokenizer loader reads (documentation,
+licences, logs, figures, loopeval's training manifest: provenance, not weights). Every
+other top-level file counts, an unknown one too (a stray file may re-run an evaluation,
+never let a changed one be reused). Subfolders never count: an output folder, the
+intermediate checkpoints and adapters training keeps beside the weights."""
+
+LOADED_ARGS: tuple[str, ...] = ("pretrained", "tokenizer", "peft", "delta")
+"""The model args whose folders lm-eval's ``hf`` (and so ``looped``) model loads: the
+checkpoint (in its ``subfolder``, or only its ``gguf_file``), a separate tokenizer, a
+PEFT adapter and delta weights."""
+
+
+WEIGHT_FILES: tuple[str, ...] = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+"""Weight files of a checkpoint folder: what a loaded model's own fingerprint
+(``checkpoint.weights_fingerprint``) covers, so a running evaluation need not hash them again."""
+
+
+def checkpoint_fingerprint(path, *, gguf_file: str | None = None, subfolder: str | None = None,
+                           weights: bool = True) -> str | None:
+    """sha256 of what a local checkpoint folder gives a loader: the content of its top-level
+    files but :data:`NOT_OUTPUT_FILES` (weights, configs, tokenizer, chat template, loop and
+    exit gate), or of the one GGUF file ``gguf_file`` in it; ``None`` for a hub name or a
+    path that does not exist. Decided by content: a checkpoint retrained in place gets a new
+    fingerprint, a copy in another folder the same one. ``weights=False`` leaves out
+    :data:`WEIGHT_FILES` (configs, tokenizer, chat template and loop only)."""
+    folder = Path(path) / subfolder if subfolder else Path(path)
+    if gguf_file is not None and folder.is_dir():
+        folder = folder / gguf_file
     if folder.is_file():
         files = [folder]
     elif folder.is_dir():
-        files = sorted(p for p in folder.iterdir() if p.is_file())
+        files = sorted(p for p in folder.iterdir()
+                       if p.is_file() and not any(fnmatch.fnmatch(p.name, pattern) for pattern in
+                                                  NOT_OUTPUT_FILES + (() if weights else WEIGHT_FILES)))
     else:
         return None
-    stats = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    stats = tuple((str(p), s.st_size, s.st_mtime_ns, s.st_ino) for p in files for s in [p.stat()])
     return _fingerprint(stats)
+
+
+def loaded_fingerprint(model_args: Mapping, *, weights: bool = True) -> dict[str, str | None]:
+    """The content identity of everything loaded for these ``hf``/``looped`` model args
+    (after every override: the args as passed): per arg of :data:`LOADED_ARGS` that is
+    given, its :func:`checkpoint_fingerprint` (``weights=False``: without its weight files),
+    or its name for a hub id (``name@revision``)."""
+    out = {}
+    for name in LOADED_ARGS:
+        value = model_args.get(name)
+        if value is None or not isinstance(value, (str, Path)):
+            continue
+        kwargs = {"gguf_file": model_args.get("gguf_file"), "subfolder": model_args.get("subfolder")} \
+            if name == "pretrained" else {}
+        local = Path(value).exists()
+        out[name] = checkpoint_fingerprint(value, weights=weights, **kwargs) if local else \
+            f"{value}@{model_args.get('revision') or 'main'}"
+    return out
+
+
+TASK_PATHS = ("data_files", "cache_dir")
+"""``dataset_kwargs`` that name where a task's data lies, not what it holds (its documents are hashed)."""
+
+
+def task_fingerprint(task) -> str:
+    """sha256 of an lm-eval task's whole definition, as loaded: its config after includes
+    and overrides (functions as their source; without the data's paths, :data:`TASK_PATHS`),
+    the source files of its functions (the ``utils.py`` they live in) and the content of
+    every evaluation and few-shot document (after ``process_docs``), so an edited data file
+    or YAML changes it, a moved data file does not."""
+    import inspect
+
+    digest = hashlib.sha256()
+    config = task.config.to_dict(keep_callable=True)
+    config["dataset_kwargs"] = {k: v for k, v in (config.get("dataset_kwargs") or {}).items()
+                                if k not in TASK_PATHS}
+    files = set()
+
+    def plain(value):
+        if callable(value):
+            try:
+                files.add(inspect.getsourcefile(value))
+            except TypeError:
+                pass
+            return task.config.serialize_function(value)
+        if isinstance(value, Mapping):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    digest.update(json.dumps(plain(config), sort_keys=True, default=str).encode())
+    for file in sorted(f for f in files if f and Path(f).is_file()):
+        digest.update(Path(file).read_bytes())
+    fewshot = task.fewshot_docs() if getattr(getattr(task, "fewshot_cfg", None), "split", None) is not None else None
+    for docs in (task.eval_docs, fewshot or ()):
+        digest.update(b"\0docs")
+        for doc in docs:
+            digest.update(json.dumps(doc, sort_keys=True, default=str).encode() + b"\n")
+    return digest.hexdigest()
 
 
 @functools.lru_cache(maxsize=64)
 def _fingerprint(stats: tuple) -> str:
     digest = hashlib.sha256()
-    for name, _, _ in stats:
+    for name, *_ in stats:
         digest.update(Path(name).name.encode() + b"\0")
         with open(name, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):

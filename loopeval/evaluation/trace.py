@@ -6,8 +6,9 @@ Its format lives here only. A trace is a JSON-lines file named
     {"kind": "header", "format": 2, "created": <unix seconds>, "model": str,
      "loop": {"loop", "operator", "beta", "mix"[, "mix_source"]} | null, "exit_after": int | null,
      "cost": {...LoopCost.summary()},
-     "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff"} | null,
-     "versions": {...}, "generation": {"cache_implementation", "compile"}}
+     "decoding": {...DecodingSettings}, "cache_check": {"ok", "max_abs_diff", "error", "decided_in",
+     "rounding_gap"} | null,
+     "versions": {...}, "generation": {"cache_implementation", "compile"}, "files": {arg: sha256}}
 
 ``decoding`` holds exactly the settings both sides of a comparison must share
 (:class:`DecodingSettings`); the loop and its cost are what legitimately differ.
@@ -15,6 +16,9 @@ Its format lives here only. A trace is a JSON-lines file named
 setting (a twin has no loop): ``loop`` is the loop as evaluated, every window at
 ``K = exit_after``, and ``cost`` is that of those k steps.
 
+``files`` is the content of the loaded files besides the weights (configs, tokenizer, chat
+template, loop: :func:`loopeval.evaluation.identity.loaded_fingerprint` without weight files),
+per model arg that loads some (``pretrained``, ``tokenizer``, ``peft``, ``delta``).
 ``generation`` records how ``generate`` ran (cache implementation, compiled decoding):
 settings that change speed but not outputs, so they are recorded, not compared.
 Every following line is one generation request::
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -106,6 +111,7 @@ class TraceHeader:
     weights: str | None = None  # checkpoint.weights_fingerprint of the evaluated weights
     exit_after: int | None = None  # the fixed exit (steps run of a longer trained loop), or None
     generation: dict = field(default_factory=dict)  # speed-only: cache_implementation, compile (not compared)
+    files: dict = field(default_factory=dict)  # identity.loaded_fingerprint(..., weights=False): configs, tokenizer
 
     @property
     def looped(self) -> bool:
@@ -130,7 +136,8 @@ class TraceHeader:
         return cls(model=rec["model"], loop=rec["loop"], cost=dict(rec["cost"]),
                    decoding=DecodingSettings.from_dict(rec["decoding"]), cache_check=rec.get("cache_check"),
                    versions=dict(rec.get("versions") or {}), weights=rec.get("weights"),
-                   exit_after=rec.get("exit_after"), generation=dict(rec.get("generation") or {}))
+                   exit_after=rec.get("exit_after"), generation=dict(rec.get("generation") or {}),
+                   files=dict(rec.get("files") or {}))
 
     @classmethod
     def _from_format_1(cls, s: dict) -> TraceHeader:
@@ -223,7 +230,41 @@ def read_trace(path: str | Path) -> Trace:
             trace.items.append(value)
     if trace is None:
         raise ValueError(f"{path}: empty loopeval trace file")
+    check_against_loop(trace)
     return trace
+
+
+def check_against_loop(trace: Trace) -> None:
+    """Refuse a trace whose passes, cost and loop disagree (an edited trace, or one written by
+    another tool): the header's ``cost`` must be that of its ``loop`` (spec, passes
+    :func:`loopeval.core.spec.charged_passes` on its ``base_passes`` layers, multiplier
+    passes / base passes) and every item must charge those passes per token. The error
+    names the file and both values."""
+    from loopeval.core.spec import LoopSpec, charged_passes
+
+    header, cost = trace.header, trace.header.cost
+    given = (header.loop or {}).get("loop")
+    spec = LoopSpec.parse(given) if given else None
+    name = str(spec) if spec else "none (unlooped)"
+
+    def refuse(what: str, found, expected) -> ValueError:
+        return ValueError(f"{trace.path}: {what} is {found!r}, but the trace's loop {name} gives {expected!r}; "
+                          "the trace was edited or does not belong to its loop: evaluate again")
+
+    if "loop" in cost and (cost["loop"] or None) != (str(spec) if spec else None):
+        raise refuse("the cost's loop", cost["loop"], str(spec) if spec else None)
+    base = cost.get("base_passes")
+    passes = charged_passes(int(base), spec) if isinstance(base, (int, float)) and base > 0 else cost.get("passes")
+    if passes is None:
+        return
+    if "passes" in cost and not math.isclose(float(cost["passes"]), passes):
+        raise refuse(f"the cost's layer passes per token (of {base} layers)", cost["passes"], passes)
+    if base and "multiplier" in cost and not math.isclose(float(cost["multiplier"]), passes / base):
+        raise refuse("the cost multiplier c", cost["multiplier"], passes / base)
+    for item in trace.items:
+        if not math.isclose(float(item.passes_per_token), passes):
+            raise refuse(f"passes_per_token of item (task {item.task}, doc_id {item.doc_id})", item.passes_per_token,
+                         passes)
 
 
 def find_traces(folder: str | Path) -> list[Trace]:

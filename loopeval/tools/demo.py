@@ -111,11 +111,19 @@ def _mark(out: Path, settings: dict, **state) -> None:
     (out / MARKER).write_text(json.dumps({**settings, **state}))
 
 
+def _checkpoints(out: Path) -> dict[str, str | None]:
+    """The content of the trained checkpoints (:func:`loopeval.evaluation.identity.checkpoint_fingerprint`)."""
+    from loopeval.evaluation.identity import checkpoint_fingerprint
+
+    return {name: checkpoint_fingerprint(out / "checkpoints" / name) for name in ("twin", "looped")}
+
+
 def _claim(out: Path, settings: dict) -> bool:
     """Take ``out`` for a demo with ``settings`` and return whether both models are already
-    trained with them there. A folder with files and no demo marker is refused; a demo
-    folder (finished or interrupted) is resumed: the study runner skips the evaluations
-    already done."""
+    trained with them there: the checkpoints hold, by content, what the demo recorded when it
+    trained them (weights deleted or changed since: trained again). A folder with files and no
+    demo marker is refused; a demo folder (finished or interrupted) is resumed: the study
+    runner skips the evaluations already done."""
     if out.exists() and any(p.name != LOCK_NAME for p in out.iterdir()):
         marker = out / MARKER
         try:
@@ -125,13 +133,20 @@ def _claim(out: Path, settings: dict) -> bool:
         same = isinstance(stored, dict) and all(stored.get(k) == v for k, v in settings.items())
         trained = same and stored.get("status") in ("trained", "done") and all(
             (out / "checkpoints" / name / MANIFEST_NAME).is_file() for name in ("twin", "looped"))
-        if stored.get("status") != "done":
+        if trained and stored.get("checkpoints") != _checkpoints(out):
+            trained = False
+            _say(f"the checkpoints in {out / 'checkpoints'} are not the ones this demo trained (changed or "
+                 "deleted since): training them again")
+        elif stored.get("status") != "done":
             _say(f"resuming the demo interrupted in {out}" if same else
                  f"{out} holds an interrupted demo with other settings: starting again")
     else:
         trained = False
     out.mkdir(parents=True, exist_ok=True)
-    _mark(out, settings, status="trained" if trained else "started")
+    if trained:
+        _mark(out, settings, status="trained", checkpoints=_checkpoints(out))
+    else:
+        _mark(out, settings, status="started")
     return trained
 
 
@@ -222,7 +237,7 @@ def _run_demo(out: Path, spec: DemoSize, settings: dict) -> Path:
         _say("2/5 and 3/5: the base and both trained models are kept from an earlier run with these settings")
     else:
         _train(out, spec, train, train_file, seed=seed, recipe=recipe, on_trained=evaluate_twin)
-        _mark(out, settings, status="trained")
+        _mark(out, settings, status="trained", checkpoints=_checkpoints(out))
     phases["train (the twin's runs meanwhile)"] = time.time() - start - sum(phases.values())
 
     _say(f"4/5 the {2 * 2 * len(SCALES)} lm-eval runs of the study {study}, finished ones kept (lm-eval's logs: {out / 'logs'})")
@@ -235,7 +250,8 @@ def _run_demo(out: Path, spec: DemoSize, settings: dict) -> Path:
     _say("5/5 statistics and the report")
     data = json.loads((out / "report.json").read_text())
     report = result.report
-    _mark(out, settings, status="done", seconds=time.time() - start, phases=phases, threads=threads.to_dict())
+    _mark(out, settings, status="done", checkpoints=_checkpoints(out), seconds=time.time() - start, phases=phases,
+          threads=threads.to_dict())
     chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
     for row in data["decoding"]:
         _say(f"  {row['setting']:24s} accuracy {100 * row['macros']['points']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")

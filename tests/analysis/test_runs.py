@@ -231,6 +231,28 @@ def test_a_corrupt_trace_blocks_costs_but_not_accuracies(tmp_path):
         run.cost(TRACED)
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda h, items: [i.update(passes_per_token=4) for i in items],
+     r"passes_per_token of item \(task \S+, doc_id \d+\) is 4, but the trace's loop 1:2x2 gives 5"),
+    (lambda h, items: [h["cost"].update(passes=4, multiplier=1.0)] + [i.update(passes_per_token=4) for i in items],
+     r"the cost's layer passes per token \(of 4 layers\) is 4, but the trace's loop 1:2x2 gives 5"),
+    (lambda h, items: h["cost"].update(multiplier=1.0), r"the cost multiplier c is 1.0, but the trace's loop 1:2x2 gives 1.25"),
+    (lambda h, items: h["cost"].update(loop="1:2x3"), r"the cost's loop is '1:2x3', but the trace's loop 1:2x2 gives '1:2x2'"),
+    (lambda h, items: h.update(loop=None), r"the cost's loop is '1:2x2', but the trace's loop none \(unlooped\) gives None"),
+])
+def test_a_trace_that_disagrees_with_its_loop_is_refused(tmp_path, edit, message):
+    """Issue 32: a trace edited to fewer passes was labelled with its loop and c = 1.000."""
+    folder = copy_run(tmp_path, "looped")
+    for path in folder.glob("loopeval_trace_*.jsonl"):
+        header, *items = read_records(path)
+        edit(header, items)
+        path.write_text("".join(json.dumps(r) + "\n" for r in (header, *items)))
+    run = load_run(folder)
+    assert run.accuracy() == load_run(RUNS / "looped").accuracy()
+    with pytest.raises(ValueError, match=message):
+        run.cost(TRACED)
+
+
 # ---------------------------------------------------------------- refusals
 
 

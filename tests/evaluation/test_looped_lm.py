@@ -387,6 +387,29 @@ def test_resume_after_a_crash_and_a_shared_store_equal_uninterrupted_runs(workdi
     assert len((store / "loopeval_responses.jsonl").read_text().splitlines()) == 2 * len(QUESTIONS)
 
 
+def test_the_resume_store_serves_by_content_not_by_path(workdir, evaluate, tmp_path, monkeypatch):
+    """Issue 32: a moved checkpoint is served from the store; one whose tokenizer or
+    generation config changed (same weights) is generated again."""
+    import shutil
+
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    store, generated = tmp_path / "store", []
+    generate = LoopedLM._generate
+    monkeypatch.setattr(LoopedLM, "_generate", lambda self, *a, **k: (generated.append(1), generate(self, *a, **k))[1])
+    first = _run_items(evaluate, tmp_path / "first", pretrained=str(workdir / "looped"), resume_dir=str(store))
+    assert generated
+    moved = tmp_path / "moved"
+    shutil.copytree(workdir / "looped", moved)
+    generated.clear()
+    assert _run_items(evaluate, tmp_path / "moved_run", pretrained=str(moved), resume_dir=str(store)) == first
+    assert not generated
+    config = moved / "generation_config.json"
+    config.write_text(config.read_text().replace("{", '{"max_new_tokens": 5, ', 1))
+    _run_items(evaluate, tmp_path / "edited_run", pretrained=str(moved), resume_dir=str(store))
+    assert generated
+
+
 # -- budget forcing runs at every budget of the sweep -----------------------------------------
 
 

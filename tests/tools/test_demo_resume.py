@@ -87,3 +87,26 @@ def test_interrupted_demo_resumes(tmp_path, stop_at):
     assert (out / "report.html").is_file()
     assert len([p for p in (out / "evals").iterdir() if not p.name.startswith(".")]) == 16
     assert json.loads((out / MARKER).read_text())["status"] == "done"
+
+
+def test_a_demo_resumes_its_models_by_content(tmp_path):
+    """Issue 32: a demo folder whose trained weights were deleted or changed trains them again
+    (it never evaluates what is not there); a README beside them changes nothing."""
+    from loopeval.tools.demo import _claim
+    from loopeval.training.manifest import MANIFEST_NAME
+
+    settings = {"size": "tiny", "seed": 0, "loop": "2:4x2", "recipe": "full"}
+    assert _claim(tmp_path, settings) is False
+    for name in ("twin", "looped"):
+        folder = tmp_path / "checkpoints" / name
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(name.encode())
+        (folder / MANIFEST_NAME).write_text("{}")
+    from loopeval.tools.demo import _checkpoints, _mark
+
+    _mark(tmp_path, settings, status="done", checkpoints=_checkpoints(tmp_path))
+    (tmp_path / "checkpoints" / "twin" / "README.md").write_text("notes")
+    assert _claim(tmp_path, settings) is True
+    (tmp_path / "checkpoints" / "looped" / "model.safetensors").unlink()
+    assert _claim(tmp_path, settings) is False
+    assert json.loads((tmp_path / MARKER).read_text())["status"] == "started"

@@ -388,6 +388,31 @@ def test_changed_settings_are_refused_before_the_weights_load(text, tmp_path, mo
         place(str(tmp_path / "model"), text, out=tmp_path / "out", **{**SMALL, "seq_len": 32})
 
 
+def test_resume_is_by_content_of_the_weights(text, tmp_path, capsys):
+    """Issue 32: weights retrained into the same folder are searched again (the old results
+    moved aside), never resumed by path; --no-rerun refuses; a README beside them changes nothing."""
+    from loopeval.core.checkpoint import save_model
+    from loopeval.cli import main
+
+    small = {**SMALL, "widths": [2], "times": [2], "betas": [0.0]}
+    save_model(model_of(), word_tokenizer(), tmp_path / "model")
+    first = place(str(tmp_path / "model"), text, out=tmp_path / "out", **small)
+    (tmp_path / "model" / "README.md").write_text("# a model card")
+    assert place(str(tmp_path / "model"), text, out=tmp_path / "out", **small).scored == 0
+    save_model(tiny_model("qwen3", num_layers=6, vocab_size=VOCAB, seed=5), word_tokenizer(), tmp_path / "model")
+    with pytest.raises(ValueError, match=r"search made from other inputs \(weights: '[0-9a-f]+' there"):
+        place(str(tmp_path / "model"), text, out=tmp_path / "out", rerun=False, **small)
+    args = ["place", "--model", str(tmp_path / "model"), "--data", str(text), "--out", str(tmp_path / "out"),
+            "--widths", "2", "--times", "2", "--betas", "0", "--seq-len", "16", "--batch-tokens", "320"]
+    assert main([*args, "--no-rerun"]) == 2
+    again = place(str(tmp_path / "model"), text, out=tmp_path / "out", **small)
+    assert again.scored == first.scored == len(first.rows)  # every row scored again
+    assert again.unlooped.ppl != first.unlooped.ppl
+    (old,) = (tmp_path / "out" / ".replaced").iterdir()
+    assert read_placements(old / "placements.jsonl") == list(first.rows)
+    assert "searched with other inputs (weights changed)" in capsys.readouterr().err
+
+
 # -- the command line ---------------------------------------------------------------
 
 

@@ -220,7 +220,7 @@ def test_a_checkpoint_retrained_in_place_is_evaluated_again(world, tmp_path, cap
     run_study(path, progress=False)
     tok = tiny_tokenizer()
     save_model(apply_loop(tiny_model("qwen3", vocab_size=len(tok), num_layers=4, seed=7), "1:3x2"), tok, looped)
-    with pytest.raises(ValueError, match=r"looped__plain__1x: .* other settings \(weights: "):
+    with pytest.raises(ValueError, match=r"looped__plain__1x: .* other settings \(weights\.pretrained: "):
         run_study(path, progress=False, rerun=False)
     result = run_study(path, progress=False)
     assert result.outcomes == {"twin__plain__1x": "skipped: done", "looped__plain__1x": "done"}
@@ -231,6 +231,15 @@ def test_a_checkpoint_retrained_in_place_is_evaluated_again(world, tmp_path, cap
     (trace,) = find_traces(tmp_path / "out" / "evals" / "looped__plain__1x")
     (old,) = find_traces(next((tmp_path / "out" / "evals" / ".replaced").iterdir()))
     assert trace.header.weights != old.header.weights
+
+    # issue 32: weights removed: the stale evaluation is moved aside before its re-run fails,
+    # and no report is left standing from it
+    (looped / "model.safetensors").unlink()
+    failed = run_study(path, progress=False)
+    assert failed.failed == ["looped__plain__1x"] and failed.report is None
+    assert not (tmp_path / "out" / "evals" / "looped__plain__1x").exists()
+    assert not (tmp_path / "out" / "report.html").exists()
+    assert len(list((tmp_path / "out" / ".replaced").glob("report.*/report.html"))) == 2  # one per re-run
 
 
 @pytest.mark.slow

@@ -330,12 +330,57 @@ def test_cache_check_accepts_a_correct_loop_that_drifts(tokenizer):
     assert result.ok and result.max_rel_diff < 1e-5, result
 
 
+def _sharp(tokenizer):
+    """Trained-like weights: sharp attention (q/k norms x30) and large logits (head x100)."""
+    model = tiny_model("qwen3", vocab_size=len(tokenizer))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.mul_(30.0)
+            layer.self_attn.k_norm.weight.mul_(30.0)
+        model.lm_head.weight.mul_(100.0)
+    return model
+
+
+def test_cache_check_decides_in_float64_where_float32_rounding_exceeds_its_rule(tokenizer):
+    """Issue 32: a loop-convert loop (mix from the embedding, fixed exit) failed the float32
+    rule at 2.5e-4 of its logits. The cache is exact: the same weights unlooped, with HF's own
+    cache, drift further in float32, and in float64 cached equals recomputed exactly."""
+    unlooped = check_cache(_sharp(tokenizer), tokenizer, max_new_tokens=12, atol=1e-3, rtol=2e-4)
+    assert not unlooped.ok and unlooped.max_rel_diff > 2e-4  # the rule fails HF's own cache
+    model = apply_loop(_sharp(tokenizer), LoopConfig("0:6x3", operator="repeat", mix=4.6, mix_source="embedding")
+                       .exit_after(2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    float32 = check_cache(model, tokenizer, max_new_tokens=12, atol=1e-3, rtol=2e-4)
+    assert not float32.ok and float32.max_rel_diff > 2e-4
+    result = check_cache(model, tokenizer, max_new_tokens=12)
+    assert result.ok and result.decided_in == "float64" and result.max_abs_diff == 0.0
+    assert result.rounding_gap == float32.max_abs_diff and "decided in float64" in str(result)
+    after = model.state_dict()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+
+
 def test_cache_check_still_fails_the_naive_shared_slot_loop(tokenizer):
     from support import naive_loop
 
     model = naive_loop(tiny_model("qwen3", vocab_size=len(tokenizer)), "0:6x3")
     result = check_cache(model, tokenizer, max_new_tokens=12)
     assert not result.ok
+
+
+def test_cache_check_fails_swapped_cache_slots_in_float64_too(tokenizer):
+    """Two layers' second-pass cache slots swapped at every forward (each step reads the other
+    layer's history): wrong by a sizeable fraction of the logits in float64, where rounding
+    cannot explain it."""
+    model = apply_loop(_sharp(tokenizer), "0:6x3", operator="repeat", mix=4.6, mix_source="embedding")
+    slots = next(iter(model._loopeval.slot_maps.values()))[2]
+
+    def swap(module, args, kwargs):
+        slots[0], slots[1] = slots[1], slots[0]
+
+    model.model.register_forward_pre_hook(swap, with_kwargs=True)
+    result = check_cache(model, tokenizer, max_new_tokens=12)
+    assert not result.ok and result.decided_in == "float64" and result.max_rel_diff > 1e-3, result
 
 
 def test_cli_runs_the_same_code_path(work, tmp_path, capsys):

@@ -70,10 +70,15 @@ class PlacementResult:
         return ranked(list(self.rows), self.rank_by)
 
 
-def _settings(model_name: str, num_layers: int, text: ScoringText, *, seq_len, val_fraction, max_tokens,
-              dtype) -> dict:
+INPUTS = ("weights", "data_sha256")
+"""What a search was made from, by content: a search folder whose inputs changed is searched
+again (its results moved aside first); the paths (``model``, ``data``) do not count."""
+
+
+def _settings(model_name: str, weights: str | None, num_layers: int, text: ScoringText, *, seq_len, val_fraction,
+              max_tokens, dtype) -> dict:
     return {
-        "format": 1, "model": model_name, "num_layers": num_layers, "dtype": dtype,
+        "format": 1, "model": model_name, "weights": weights, "num_layers": num_layers, "dtype": dtype,
         "data": str(text.path), "data_sha256": text.sha256, "seq_len": seq_len, "val_fraction": val_fraction,
         "max_tokens": max_tokens, "temperature_bounds": list(TEMPERATURE_BOUNDS), "tolerance": TOLERANCE,
     }
@@ -91,8 +96,10 @@ def _expected_dtype(model, dtype: str | None) -> str:
     return str(stored if isinstance(stored, torch.dtype) else getattr(torch, str(stored), torch.float32))
 
 
-def _check_resume(out: Path, settings: dict) -> list[PlacementRow]:
-    """The rows already in ``out`` (none for a new folder); refuses a folder of another search."""
+def _check_resume(out: Path, settings: dict, *, rerun: bool = True) -> list[PlacementRow]:
+    """The rows already in ``out`` (none for a new folder); refuses a folder of another search.
+    A search of changed :data:`INPUTS` (weights retrained in place, edited text) is moved to
+    ``out/.replaced/TIME`` and started again (``rerun=False``: refused, naming the change)."""
     file, rows = out / SETTINGS_NAME, []
     if file.exists():
         try:
@@ -102,10 +109,22 @@ def _check_resume(out: Path, settings: dict) -> list[PlacementRow]:
         if not isinstance(stored, dict):
             raise ValueError(f"{file}: expected a mapping of search settings, got a {type(stored).__name__}; "
                              "give another --out")
-        differ = [k for k in settings if k != "data" and stored.get(k) != settings[k]]
-        if differ:
-            changes = "; ".join(f"{k}: {stored.get(k)!r} there, {settings[k]!r} now" for k in differ)
+        differ = [k for k in settings if k not in ("data", "model") and stored.get(k) != settings[k]]
+        changes = "; ".join(f"{k}: {stored.get(k)!r} there, {settings[k]!r} now" for k in differ)
+        if any(k not in INPUTS for k in differ):
             raise ValueError(f"{out} holds a search with other settings ({changes}); give another --out")
+        if differ and not rerun:
+            raise ValueError(f"{out} holds a search made from other inputs ({changes}); run without --no-rerun "
+                             "to search again (the old results are kept), or give another --out")
+        if differ:
+            replaced = out / ".replaced" / time.strftime("%Y%m%dT%H%M%S")
+            replaced.mkdir(parents=True)
+            for name in (SETTINGS_NAME, PLACEMENTS_NAME, "placement.html", "loop_config.json"):
+                if (out / name).exists():
+                    (out / name).replace(replaced / name)
+            print(f"place: {out} was searched with other inputs ({', '.join(differ)} changed); searching again, "
+                  f"the old results moved to {replaced}", file=sys.stderr)
+            return []
     if (out / PLACEMENTS_NAME).exists():
         rows = read_placements(out / PLACEMENTS_NAME)
     return rows
@@ -174,7 +193,7 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
           operator: str = DEFAULT_OPERATOR, starts=None, mlp_loop: int = 0, max_tokens: int | None = None,
           seq_len: int = 1024, val_fraction: float = 0.5, batch_tokens: int = 8192, rank_by: str = "ppl_t",
           reuse: bool = True, fit_memory: int = 4 << 30, dtype: str | None = None, device: str | None = None,
-          results=None, progress: bool = True) -> PlacementResult:
+          results=None, progress: bool = True, rerun: bool = True) -> PlacementResult:
     """Score every window of the grid on ``data`` (a JSONL of ``{"text"}`` documents) and
     write ``out/placements.jsonl``; return the rows.
 
@@ -188,7 +207,9 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     ``results``, a JSONL of
     benchmark accuracies (``read_accuracies``), adds Spearman's rho for PPL_T, PPL and KL
     (paper D.1). Every check on the options, the text and the architecture runs before
-    the first forward pass.
+    the first forward pass. A re-run into ``out`` skips the candidates already scored when
+    the weights and the text are the same by content (:data:`INPUTS`); when they changed it
+    searches again (``rerun=False``: refused).
     """
     start_time = time.perf_counter()
     if rank_by not in RANK_BY:
@@ -207,12 +228,18 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
         if loop_config(model) is not None:
             raise ValueError(f"place searches loops for an unlooped model; this one has {loop_config(model).spec}")
         num_layers, model_name = count_layers(model), type(model).__name__
+        from loopeval.core.checkpoint import weights_fingerprint
+
+        weights = weights_fingerprint(model)
     else:
         stored = resolve_loop(model)
         if stored is not None:
             raise ValueError(f"{model} already has the loop {stored.spec}; place searches loops for the base checkpoint")
         num_layers = count_layers(model)
         model_name = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
+        from loopeval.evaluation.identity import loaded_fingerprint
+
+        weights = loaded_fingerprint({"pretrained": model})["pretrained"]
     grid = build_grid(num_layers, widths=widths, times=times, betas=betas, operator=operator, starts=starts)
     if tokenizer is None:
         from transformers import AutoTokenizer
@@ -220,9 +247,9 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
         tokenizer = AutoTokenizer.from_pretrained(model)
     text = load_text(data, tokenizer, seq_len=seq_len, val_fraction=val_fraction, max_tokens=max_tokens)
     out = Path(out)
-    settings = _settings(model_name, num_layers, text, seq_len=seq_len, val_fraction=val_fraction,
+    settings = _settings(model_name, weights, num_layers, text, seq_len=seq_len, val_fraction=val_fraction,
                          max_tokens=max_tokens, dtype=_expected_dtype(model, dtype))
-    _check_resume(out, settings)  # before the weights load
+    _check_resume(out, settings, rerun=rerun)  # before the weights load
     configure_threads()
     if not isinstance(model, nn.Module):
         from loopeval.core.checkpoint import load_model
@@ -234,7 +261,7 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     if mlp_loop:
         check_sub_layer_support(layers, LoopSpec.parse(f"0:{num_layers}x2/mlp"))
     settings["dtype"] = str(next(model.parameters()).dtype)  # as loaded, should the config not say
-    done = {r.key: r for r in _check_resume(out, settings)}
+    done = {r.key: r for r in _check_resume(out, settings, rerun=rerun)}
     out.mkdir(parents=True, exist_ok=True)
     (out / SETTINGS_NAME).write_text(json.dumps(settings, indent=2) + "\n")
 

@@ -16,6 +16,7 @@ import fnmatch
 from contextlib import nullcontext
 import json
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -83,6 +84,8 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
             cost = expected_cost(study, chosen)
             _print_plan(study, chosen, todo, cost)
             return StudyResult(study, {**outcomes, **{e.name: "planned" for e in todo}}, None)
+        if not report_only and any(status(e, study) != "done" for e in evaluations):
+            _move_report_aside(study)
         if todo and not report_only and on_ray is not None:
             from loopeval.tools.study.ray_backend import run_on_ray
 
@@ -93,9 +96,9 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
                                          progress=progress))
         if not report:
             return StudyResult(study, outcomes, None)
-        missing = [e.name for e in evaluations if not e.folder.is_dir()]
+        missing = [e.name for e in evaluations if status(e, study) != "done"]  # by content, as the done-check
         if missing:
-            print(f"no report: {len(missing)} evaluation(s) not done ({', '.join(missing[:3])}"
+            print(f"no report: {len(missing)} evaluation(s) not done or made from other inputs ({', '.join(missing[:3])}"
                   f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
             return StudyResult(study, outcomes, None)
         return StudyResult(study, outcomes, write_study_report(study, evaluations))
@@ -110,6 +113,20 @@ def _ray_options(study: Study, ray: bool | str) -> RayOptions | None:
     import_ray()
     options = study.ray or RayOptions()
     return replace(options, address=ray) if isinstance(ray, str) and ray else options
+
+
+def _move_report_aside(study: Study) -> None:
+    """A report whose evaluations are not all done with the study's inputs no longer stands:
+    its files go to ``OUTPUT/.replaced/report.TIME`` before anything runs."""
+    files = [p for p in (*study.output.glob("report.*"), *study.output.glob("report_*")) if p.is_file()]
+    if not files:
+        return
+    aside = study.output / ".replaced" / f"report.{time.strftime('%Y%m%dT%H%M%S')}"
+    aside.mkdir(parents=True, exist_ok=True)
+    for file in files:
+        file.replace(aside / file.name)
+    print(f"the report in {study.output} was made from evaluations that are being redone or are missing; "
+          f"moved to {aside}", file=sys.stderr)
 
 
 def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:

@@ -96,19 +96,20 @@ def default_device() -> str:
 
 def run_one(evaluation: Evaluation, study: Study, manager=None) -> Path:
     """Run one evaluation into its partial folder, record its settings, then rename it into
-    place: a folder under ``evals/`` is always complete."""
+    place: a folder under ``evals/`` is always complete. A stale folder of the same name is
+    first moved to ``evals/.replaced/NAME.TIME``."""
     if evaluation.partial.exists():
         shutil.rmtree(evaluation.partial)  # what a killed run left; its resume store survives
+    if evaluation.folder.exists():  # a stale result, moved aside first: a failed re-run leaves none to report from
+        replaced = evaluation.folder.parent / ".replaced" / f"{evaluation.name}.{time.strftime('%Y%m%dT%H%M%S')}"
+        replaced.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(evaluation.folder, replaced)
     evaluation.partial.mkdir(parents=True)
     evaluation.resume.mkdir(parents=True, exist_ok=True)
     manager = manager or task_manager(study)
     run_lm_eval(evaluation.model_args(study), list(study.tasks), evaluation.partial, task_manager=manager,
                 lm_eval=study.lm_eval, log=evaluation.log)
     record(evaluation, study)
-    if evaluation.folder.exists():  # a stale result: kept, not overwritten
-        replaced = evaluation.folder.parent / ".replaced" / f"{evaluation.name}.{time.strftime('%Y%m%dT%H%M%S')}"
-        replaced.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(evaluation.folder, replaced)
     os.replace(evaluation.partial, evaluation.folder)
     return evaluation.folder
 

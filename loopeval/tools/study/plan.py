@@ -51,14 +51,17 @@ class Evaluation:
         return args
 
     def settings(self, study: Study) -> dict:
-        """What the outputs depend on: reusing a finished folder needs every one equal, the
-        checkpoint's content (:func:`loopeval.evaluation.identity.checkpoint_fingerprint`) included."""
-        from loopeval.evaluation.identity import checkpoint_fingerprint
+        """What the outputs depend on, by content (:mod:`loopeval.evaluation.identity`):
+        reusing a finished folder needs every one equal. The output settings, the content of
+        everything loaded for the model args as passed (``loaded_fingerprint``: the checkpoint
+        and any ``tokenizer``, ``peft`` or ``delta`` folder; the paths themselves do not count,
+        so a moved checkpoint is still done) and each task's whole definition (``task_fingerprint``)."""
+        from loopeval.evaluation.identity import LOADED_ARGS, loaded_fingerprint
 
         args = {k: v for k, v in self.model_args(study).items() if k not in ("trace", "resume_dir")}
         shared = {k: v for k, v in study.lm_eval.items() if k not in ("model_args", "dtype")}
-        return {"model_args": args, "tasks": list(study.tasks), "lm_eval": shared,
-                "weights": checkpoint_fingerprint(self.model.path)}
+        return {"model_args": {k: v for k, v in args.items() if k not in LOADED_ARGS}, "tasks": list(study.tasks),
+                "lm_eval": shared, "weights": loaded_fingerprint(args), "task_definitions": task_definitions(study)}
 
 
 def expand(study: Study) -> list[Evaluation]:
@@ -218,6 +221,48 @@ def _task_manager(paths: tuple[str, ...], defaults: bool):
     from lm_eval.tasks import TaskManager
 
     return TaskManager(include_path=list(paths), include_defaults=defaults)
+
+
+def task_definitions(study: Study) -> dict[str, str]:
+    """Each leaf task's :func:`loopeval.evaluation.identity.task_fingerprint`. Kept within a
+    process while no file it was made from changed (the task folders' files, the data files)."""
+    from lm_eval.tasks import get_task_dict
+
+    from loopeval.common.paths import tasks_path
+    from loopeval.evaluation.identity import task_fingerprint
+
+    key = (study.tasks, study.include_path)
+    kept = _DEFINITIONS.get(key)
+    if kept is not None and _stamp(kept[0]) == kept[1]:
+        return dict(kept[2])
+    leaves = _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study)))
+    files = sorted({str(f) for folder in (tasks_path(), *study.include_path) if Path(folder).is_dir()
+                    for f in Path(folder).rglob("*") if f.is_file()}
+                   | {f for task in leaves.values() for f in _data_files(task.config)})
+    definitions = {name: task_fingerprint(task) for name, task in leaves.items()}
+    _DEFINITIONS[key] = (files, _stamp(files), definitions)
+    return dict(definitions)
+
+
+_DEFINITIONS: dict = {}
+
+
+def _stamp(files) -> tuple:
+    return tuple((f, p.stat().st_size, p.stat().st_mtime_ns) if (p := Path(f)).is_file() else (f, None) for f in files)
+
+
+def _data_files(config) -> set[str]:
+    """The local files a task's dataset is read from (``dataset_kwargs.data_files``, or a local ``dataset_path``)."""
+    given = (config.dataset_kwargs or {}).get("data_files")
+    values = given.values() if isinstance(given, dict) else [given]
+    out = set()
+    for value in values:
+        for item in [value] if isinstance(value, (str, Path)) else (value or ()):
+            out.add(str(item))
+    local = Path(str(config.dataset_path or ""))
+    if config.dataset_path and local.exists():
+        out |= {str(f) for f in ([local] if local.is_file() else local.rglob("*")) if f.is_file()}
+    return out
 
 
 def _check_tasks(study: Study) -> None:
