@@ -61,6 +61,10 @@ from loopeval.evaluation.serving import CACHES, check_compile_backend, generatio
 from loopeval.evaluation.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter, prompt_hash
 
 
+ENGINES = ("hf", "vllm")
+"""Where ``looped`` generates: transformers' ``generate``, or vLLM (``engine=vllm``)."""
+
+
 @dataclass(frozen=True)
 class AdapterArgs:
     """The model args of ``looped`` itself (beside the loop's and the decoding options').
@@ -74,6 +78,8 @@ class AdapterArgs:
     under ``torch.compile``, which needs ``static``) are passed to ``generate``
     (:func:`loopeval.evaluation.serving.generation_options`); they change speed, not
     outputs, so the trace records them beside, not among, the shared decoding settings.
+    ``engine``: ``hf`` (transformers' ``generate``) or ``vllm`` (``looped_vllm.LoopedVLLM``:
+    the same args on vLLM, docs/engine.md).
     """
 
     exit_after: int | None = field(default=None, metadata={"parse": lambda n, v: as_int(n, v, minimum=1)})
@@ -82,6 +88,7 @@ class AdapterArgs:
     resume_dir: str | None = field(default=None, metadata={"parse": lambda n, v: _folder(n, v)})
     cache_implementation: str = field(default="dynamic", metadata={"choices": CACHES})
     compile: bool = False
+    engine: str = field(default="hf", metadata={"choices": ENGINES})
 
 
 def _loop_fields() -> list:
@@ -209,6 +216,13 @@ def pilot_warning(argv: list[str]) -> str | None:
 
 class LoopedLM(HFLM):
     """``HFLM`` with a loop, decoding rules and a per-item trace (see the module docstring)."""
+
+    def __new__(cls, pretrained=None, **kwargs):
+        if str(kwargs.get("engine", "hf")).strip().lower() == "vllm":
+            from loopeval.evaluation.model_adapters.looped_vllm import LoopedVLLM
+
+            return LoopedVLLM(pretrained, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, pretrained, **kwargs) -> None:
         unknown = sorted(set(kwargs) - set(_valid_args()))

@@ -1,0 +1,160 @@
+"""The vLLM engine: looped vLLM models equal their unrolled copy in vLLM and the HF path, with the rules.
+
+Needs vLLM (the engine's own environment: README, "The vLLM engine"); skips without it, and
+fails without it when ``CI`` is set (``.ci/run`` runs this folder in that environment).
+"""
+
+import gc
+import importlib.util
+import json
+import os
+
+import pytest
+
+from support import write_generate_task
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+QUESTIONS = [
+    "Tom has 3 apples and buys 4 more. How many?",
+    "A train travels 60 miles in 1.5 hours. Speed?",
+    "What is 12 + 30?",
+    "Sara reads 5 pages a day for 6 days. Pages?",
+    "2 + 2 =",
+]
+
+MC_YAML = """\
+task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}\\nAnswer:"
+doc_to_choice: [" A", " B", " C"]
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_vllm():
+    if not HAS_VLLM:
+        if os.environ.get("CI"):
+            pytest.fail("vLLM is missing, and .ci/run installs it (the engine environment)")
+        pytest.skip('needs vLLM in its own environment (README, "The vLLM engine"); .ci/run installs it')
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    from loopeval import apply_loop, save_model
+    from loopeval.core.unroll import unrolled_copy
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("vllm_engine")
+    tokenizer = tiny_tokenizer()
+    # head size 32: vLLM's CPU attention has no smaller one
+    base = tiny_model("llama", vocab_size=len(tokenizer), num_layers=4, hidden=128)
+    save_model(base, tokenizer, root / "base")
+    unrolled = unrolled_copy(base, "1:3x2")
+    unrolled.config.num_hidden_layers = len(unrolled.model.layers)
+    save_model(unrolled, tokenizer, root / "unrolled")
+    save_model(apply_loop(tiny_model("llama", vocab_size=len(tokenizer), num_layers=4, hidden=128), "1:3x2",
+                          operator="repeat"), tokenizer, root / "looped")
+    tasks = root / "tasks"
+    rows = [{"question": q, "answer": "7", "label": i % 3} for i, q in enumerate(QUESTIONS)]
+    write_generate_task(tasks, "tiny_gen", rows, max_gen_toks=48)
+    (tasks / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "tiny_mc.yaml").write_text(MC_YAML.format(data=tasks / "data.jsonl"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def evaluate(workdir):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(workdir / "tasks"), include_defaults=False)
+
+    def run(lm, tasks=("tiny_gen",)):
+        try:
+            return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=True,
+                                   verbosity="ERROR")
+        finally:
+            if hasattr(lm, "model") and type(lm).__name__ == "LoopedVLLM":
+                del lm.model
+                gc.collect()
+
+    return run
+
+
+def _samples(result, task):
+    return {s["doc_id"]: s["resps"] for s in result["samples"][task]}
+
+
+def _engine(path, **kwargs):
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    return LoopedLM(pretrained=str(path), engine="vllm", dtype="float32", enforce_eager=True, max_model_len=512,
+                    batch_size=8, **kwargs)
+
+
+def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
+    from loopeval.core.spec import LoopConfig
+    from loopeval.engines.vllm_models import engine_overrides, register
+
+    register()
+    from vllm import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=32)
+    tokens = []
+    for path, overrides in ((workdir / "unrolled", None),
+                            (workdir / "base", engine_overrides("LlamaForCausalLM", LoopConfig("1:3x2", operator="repeat")))):
+        llm = LLM(str(path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni", max_model_len=256,
+                  enable_prefix_caching=True, hf_overrides=overrides)
+        tokens.append([list(o.outputs[0].token_ids) for o in llm.generate(QUESTIONS, params, use_tqdm=False)])
+        del llm
+        gc.collect()
+    assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("operator", ["repeat", "damped"])
+def test_engine_equals_the_hf_path_with_forcing_and_the_repetition_stop(workdir, evaluate, tmp_path, operator):
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.evaluation.trace import find_traces
+
+    rules = dict(loop="1:3x2", loop_operator=operator, budget_forcing=True, bf_reserve=20, repetition_stop=True)
+    hf = evaluate(LoopedLM(pretrained=str(workdir / "base"), device="cpu", batch_size=8, trace=str(tmp_path / "hf"),
+                           **rules), ("tiny_gen", "tiny_mc"))
+    vllm = evaluate(_engine(workdir / "base", trace=str(tmp_path / "vllm"), **rules), ("tiny_gen", "tiny_mc"))
+    assert _samples(vllm, "tiny_gen") == _samples(hf, "tiny_gen")
+    a, b = _samples(vllm, "tiny_mc"), _samples(hf, "tiny_mc")
+    for doc in b:
+        assert [r[0][0] for r in a[doc]] == pytest.approx([r[0][0] for r in b[doc]], abs=1e-5)
+    (th,), (tv,) = find_traces(tmp_path / "hf"), find_traces(tmp_path / "vllm")
+    fields = ("doc_id", "prompt_hash", "prompt_tokens", "generated_tokens", "finished", "forced_at",
+              "repetition_stop_at", "flops", "bf_reserve")
+    rows = lambda t: sorted(tuple(getattr(i, f) for f in fields) for i in t.items)  # noqa: E731
+    assert rows(tv) == rows(th)
+    assert any(i.forced_at is not None or i.repetition_stop_at is not None for i in tv.items)
+    assert (tv.header.decoding.engine, th.header.decoding.engine) == ("vllm", None)
+    assert tv.header.weights == th.header.weights and tv.header.loop == th.header.loop
+    assert tv.header.decoding.differences(th.header.decoding)[-2:] == [
+        "engine: 'vllm' vs None", f"engine_version: {tv.header.decoding.engine_version!r} vs None"]
+
+
+def test_refusals_name_the_arg(workdir, tmp_path):
+    from loopeval import save_model
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    with pytest.raises(ValueError, match="compile=True .* no meaning with engine=vllm"):
+        _engine(workdir / "base", loop="1:3x2", compile=True, cache_implementation="static")
+    with pytest.raises(ValueError, match="not gguf_file="):
+        _engine(workdir / "base", gguf_file="model.gguf")
+    tokenizer = tiny_tokenizer()
+    save_model(tiny_model("gemma3", vocab_size=len(tokenizer), num_layers=3, hidden=128), tokenizer, tmp_path / "g")
+    with pytest.raises(ValueError, match="no looped variant of Gemma3ForCausalLM"):
+        _engine(tmp_path / "g", loop="0:2x2")
