@@ -150,8 +150,8 @@ def test_refusals_name_the_arg(workdir, tmp_path):
     from loopeval import save_model
     from loopeval.tools.tiny import tiny_model, tiny_tokenizer
 
-    with pytest.raises(ValueError, match="compile=True .* no meaning with engine=vllm"):
-        _engine(workdir / "base", loop="1:3x2", compile=True, cache_implementation="static")
+    with pytest.raises(ValueError, match="cache_implementation=static sets transformers' generate"):
+        _engine(workdir / "base", loop="1:3x2", cache_implementation="static")
     with pytest.raises(ValueError, match="not gguf_file="):
         _engine(workdir / "base", gguf_file="model.gguf")
     tokenizer = tiny_tokenizer()
