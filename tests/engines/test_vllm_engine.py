@@ -98,8 +98,9 @@ def _samples(result, task):
 def _engine(path, **kwargs):
     from loopeval.evaluation.model_adapters.looped import LoopedLM
 
-    return LoopedLM(pretrained=str(path), engine="vllm", dtype="float32", enforce_eager=True, max_model_len=512,
-                    batch_size=8, **kwargs)
+    kwargs.setdefault("batch_size", 8)
+    return LoopedLM(pretrained=str(path), engine="vllm", dtype="float32", enforce_eager=True, max_model_len=1024,
+                    **kwargs)
 
 
 def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
@@ -121,12 +122,18 @@ def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
     assert tokens[0] == tokens[1]
 
 
-@pytest.mark.parametrize("operator", ["repeat", "damped"])
-def test_engine_equals_the_hf_path_with_forcing_and_the_repetition_stop(workdir, evaluate, tmp_path, operator):
+@pytest.mark.parametrize("loop", [
+    dict(loop="1:3x2", loop_operator="repeat"),
+    dict(loop="1:3x2", loop_operator="damped"),
+    # sub-layer windows, one nested in a whole-layer window, and input mixing from the embedding
+    dict(loop="0:3x2+1:2x3/mlp+3:4x2/attn", loop_operator="damped", loop_beta=0.25, loop_mix=0.3,
+         loop_mix_source="embedding"),
+], ids=["repeat", "damped", "sub-layer-mix"])
+def test_engine_equals_the_hf_path_with_forcing_and_the_repetition_stop(workdir, evaluate, tmp_path, loop):
     from loopeval.evaluation.model_adapters.looped import LoopedLM
     from loopeval.evaluation.trace import find_traces
 
-    rules = dict(loop="1:3x2", loop_operator=operator, budget_forcing=True, bf_reserve=20, repetition_stop=True)
+    rules = dict(**loop, budget_forcing=True, bf_reserve=20, repetition_stop=True)
     hf = evaluate(LoopedLM(pretrained=str(workdir / "base"), device="cpu", batch_size=8, trace=str(tmp_path / "hf"),
                            **rules), ("tiny_gen", "tiny_mc"))
     vllm = evaluate(_engine(workdir / "base", trace=str(tmp_path / "vllm"), **rules), ("tiny_gen", "tiny_mc"))
@@ -158,3 +165,36 @@ def test_refusals_name_the_arg(workdir, tmp_path):
     save_model(tiny_model("gemma3", vocab_size=len(tokenizer), num_layers=3, hidden=128), tokenizer, tmp_path / "g")
     with pytest.raises(ValueError, match="no looped variant of Gemma3ForCausalLM"):
         _engine(tmp_path / "g", loop="0:2x2")
+
+
+def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
+    """Real weights and real GSM8K items: a damped loop with budget forcing, both paths, the same responses."""
+    import shutil
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from loopeval.evaluation.local_data import write_local_tasks
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from real.conftest import GSM8K_8, _absent, _smollm2_file, imported
+
+    gguf = _smollm2_file()
+    if not gguf.is_file():
+        _absent(f"SmolLM2 GGUF not found at {gguf} (set LOOPEVAL_SMOLLM2_GGUF)")
+    model = imported(gguf)
+    (tmp_path / "data" / "gsm8k" / "main").mkdir(parents=True)
+    shutil.copyfile(GSM8K_8, tmp_path / "data" / "gsm8k" / "main" / "test.jsonl")
+    write_local_tasks(tmp_path / "data", tmp_path / "tasks", tasks=["gsm8k_boxed", "gsm8k_nll"])
+    manager = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
+    args = dict(loop="14:16x2", budget_forcing=True, budget_scale=0.125, batch_size=2)
+    runs = []
+    for lm in (lambda: LoopedLM(pretrained=str(model), device="cpu", **args),
+               lambda: _engine(model, **args)):
+        runs.append(simple_evaluate(model=lm(), tasks=["gsm8k_boxed", "gsm8k_nll"], task_manager=manager, limit=2,
+                                    apply_chat_template=True, log_samples=True, verbosity="ERROR"))
+        gc.collect()
+    hf, engine = runs
+    assert _samples(engine, "gsm8k_boxed") == _samples(hf, "gsm8k_boxed")
+    a, b = _samples(engine, "gsm8k_nll"), _samples(hf, "gsm8k_nll")
+    for doc in b:  # a sum over ~150 float32 log-probabilities: 1e-4 absolute at -90 (1e-6 relative)
+        assert a[doc][0][0] == pytest.approx(b[doc][0][0], rel=2e-6, abs=1e-4)
