@@ -214,7 +214,22 @@ def pilot_warning(argv: list[str]) -> str | None:
     return None
 
 
-class LoopedLM(HFLM):
+class ScoringTrace:
+    """Scoring requests (loglikelihood) open the trace first, so a scoring-only run's header is on record.
+    A base of ``LoopedLM`` and of the engine's ``LoopedVLLM``, before their lm-eval class."""
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        if requests:
+            self._open_trace([r.args[0] for r in requests[:4]], 16)
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        if requests:
+            self._open_trace([r.args[0] for r in requests[:4]], 16)
+        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
+
+
+class LoopedLM(ScoringTrace, HFLM):
     """``HFLM`` with a loop, decoding rules and a per-item trace (see the module docstring)."""
 
     def __new__(cls, pretrained=None, **kwargs):
@@ -497,16 +512,6 @@ class LoopedLM(HFLM):
         if self.args.trace is not None and self._trace_writer is None:
             self._trace_writer = TraceWriter(self.args.trace, self.trace_header(), rank=self.rank,
                                              world_size=self.world_size)
-
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        if requests:
-            self._open_trace([r.args[0] for r in requests[:4]], 16)
-        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        if requests:
-            self._open_trace([r.args[0] for r in requests[:4]], 16)
-        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
 
     def _run_cache_check(self, contexts: list[str], max_new: int) -> None:
         result = run_cache_check(self.model, self.tokenizer, contexts[:4], max_new_tokens=min(16, max_new))

@@ -44,6 +44,7 @@ from loopeval.evaluation.model_adapters.looped import (  # noqa: E402
     AdapterArgs,
     LoopedArgs,
     LoopedLM,
+    ScoringTrace,
     _opens_thinking,
     cut_at_stop,
     decoding_options,
@@ -75,7 +76,7 @@ HF_ONLY = {"cache_implementation": AdapterArgs.cache_implementation, "compile": 
 """``looped`` args that set transformers' ``generate`` and have no meaning on the engine."""
 
 
-class LoopedVLLM(_vllm_class()):
+class LoopedVLLM(ScoringTrace, _vllm_class()):
     """lm-eval's ``vllm`` model with a loop, loopeval's decoding rules and its trace (see the module docstring)."""
 
     def __init__(self, pretrained, **kwargs) -> None:
@@ -84,6 +85,11 @@ class LoopedVLLM(_vllm_class()):
             if getattr(args, name) != default:
                 raise ValueError(f"looped: {name}={getattr(args, name)} sets transformers' generate; "
                                  "it has no meaning with engine=vllm (drop it)")
+        device = str(kwargs.get("device") or "")
+        if device.startswith("cuda:") and device not in ("cuda:0",):
+            raise ValueError(f"looped: device={device}: vLLM places itself on the GPUs that CUDA_VISIBLE_DEVICES shows; "
+                             "set that (or tensor_parallel_size=, data_parallel_size=) instead, and run one "
+                             "loopeval protocol worker per engine")
         if kwargs.get("gguf_file") is not None:
             raise ValueError("looped: engine=vllm reads a float checkpoint folder, not gguf_file=; "
                              "convert it first with loopeval import-gguf")
@@ -220,16 +226,6 @@ class LoopedVLLM(_vllm_class()):
             bar.update(len(chunk))
         bar.close()
         return out
-
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        if requests:
-            self._open_trace([r.args[0] for r in requests[:4]], 16)
-        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        if requests:
-            self._open_trace([r.args[0] for r in requests[:4]], 16)
-        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
 
 
 def _eos(value) -> list[int]:

@@ -8,35 +8,13 @@ import gc
 import importlib.util
 import json
 import os
+import shutil
 
 import pytest
 
-from support import write_generate_task
+from support import MC_YAML, QUESTIONS, write_generate_task
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-
-QUESTIONS = [
-    "Tom has 3 apples and buys 4 more. How many?",
-    "A train travels 60 miles in 1.5 hours. Speed?",
-    "What is 12 + 30?",
-    "Sara reads 5 pages a day for 6 days. Pages?",
-    "2 + 2 =",
-]
-
-MC_YAML = """\
-task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}\\nAnswer:"
-doc_to_choice: [" A", " B", " C"]
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -159,8 +137,15 @@ def test_refusals_name_the_arg(workdir, tmp_path):
 
     with pytest.raises(ValueError, match="cache_implementation=static sets transformers' generate"):
         _engine(workdir / "base", loop="1:3x2", cache_implementation="static")
+    with pytest.raises(ValueError, match="device=cuda:1: vLLM places itself"):
+        _engine(workdir / "base", device="cuda:1")
     with pytest.raises(ValueError, match="not gguf_file="):
         _engine(workdir / "base", gguf_file="model.gguf")
+    gated = tmp_path / "gated"
+    shutil.copytree(workdir / "looped", gated)
+    (gated / "exit_gate.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="carries an exit gate .* does not run exit gates"):
+        _engine(gated)
     tokenizer = tiny_tokenizer()
     save_model(tiny_model("gemma3", vocab_size=len(tokenizer), num_layers=3, hidden=128), tokenizer, tmp_path / "g")
     with pytest.raises(ValueError, match="no looped variant of Gemma3ForCausalLM"):
@@ -169,8 +154,6 @@ def test_refusals_name_the_arg(workdir, tmp_path):
 
 def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
     """Real weights and real GSM8K items: a damped loop with budget forcing, both paths, the same responses."""
-    import shutil
-
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
