@@ -100,6 +100,41 @@ def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
     assert tokens[0] == tokens[1]
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_every_looped_architecture_equals_the_hf_path(tmp_path, arch):
+    """Greedy tokens of a damped loop over a window and an /attn window, vLLM against apply_loop's
+    HF model (Mistral: past its sliding window of 8, so the extra call sites slide too)."""
+    import torch
+    from transformers import AutoConfig
+
+    from loopeval import apply_loop, save_model
+    from loopeval.core.spec import LoopConfig
+    from loopeval.engines.vllm_models import engine_overrides, register
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(arch, vocab_size=len(tokenizer), num_layers=4, hidden=128)
+    save_model(model, tokenizer, tmp_path / arch)
+    loop = LoopConfig("1:3x3+3:4x2/attn", operator="damped", beta=0.5)
+    register()
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    prompts = [tokenizer(q).input_ids for q in QUESTIONS]
+    architecture = AutoConfig.from_pretrained(tmp_path / arch).architectures[0]
+    llm = LLM(str(tmp_path / arch), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+              max_model_len=256, enable_prefix_caching=True, hf_overrides=engine_overrides(architecture, loop))
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    del llm
+    gc.collect()
+    apply_loop(model, loop)
+    for prompt, out in zip(prompts, outputs):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+        tokens = list(out.outputs[0].token_ids)  # to the end-of-sequence token, where HF pads
+        assert tokens == hf[:len(tokens)] and (len(tokens) == 24 or tokens[-1] == model.config.eos_token_id)
+
+
 @pytest.mark.parametrize("loop", [
     dict(loop="1:3x2", loop_operator="repeat"),
     dict(loop="1:3x2", loop_operator="damped"),
