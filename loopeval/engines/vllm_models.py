@@ -122,9 +122,9 @@ class _Loop:
         model = self.model
         hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
         residual = None
-        embedding = hidden.clone()
-        x0 = {}
         config = self.config
+        embedding = hidden.clone() if config.mix_source == "embedding" else None
+        x0 = {}
         for j, layer in enumerate(model.layers):
             for w in self.windows:
                 if w.start == j:
@@ -134,10 +134,9 @@ class _Loop:
                 if w.times < 2:
                     continue
                 y1 = _whole(hidden, residual)
-                source = embedding if config.mix_source == "embedding" else None
                 hidden = window_outputs(lambda h, t, w=w: self._pass(w, positions, h, t), x0.pop(w), y1,
                                         times=(w.times,), operator=config.operator, betas=(config.beta,),
-                                        mix=config.mix, mix_input=source)[(w.times, config.beta)]
+                                        mix=config.mix, mix_input=embedding)[(w.times, config.beta)]
                 residual = None
         if residual is None:
             return model.norm(hidden)

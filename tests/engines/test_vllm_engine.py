@@ -216,3 +216,31 @@ def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
     a, b = _samples(engine, "gsm8k_nll"), _samples(hf, "gsm8k_nll")
     for doc in b:  # a sum over ~150 float32 log-probabilities: 1e-4 absolute at -90 (1e-6 relative)
         assert a[doc][0][0] == pytest.approx(b[doc][0][0], rel=2e-6, abs=1e-4)
+
+
+def test_a_study_runs_on_the_engine_and_its_results_are_recognised(workdir, tmp_path):
+    """``engine: vllm`` among a study's shared model args: both sides run on the engine, record it,
+    and a rerun finds them done."""
+    import yaml
+
+    from loopeval.evaluation.trace import find_traces
+    from loopeval.tools.study import run_study
+
+    study = {
+        "name": "engine", "output": str(tmp_path / "out"),
+        "models": [{"name": "twin", "role": "twin", "path": str(workdir / "base")},
+                   {"name": "looped", "role": "looped", "path": str(workdir / "looped")}],
+        "tasks": ["tiny_gen"], "include_path": [str(workdir / "tasks")], "budgets": [1],
+        "decoding": [{"name": "plain"}],
+        "lm_eval": {"batch_size": 8, "device": "cpu",
+                    "model_args": {"engine": "vllm", "dtype": "float32", "enforce_eager": True, "max_model_len": 512}},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    first = run_study(path, report=False, progress=False)
+    assert set(first.outcomes.values()) == {"done"}
+    for name in first.outcomes:
+        (trace,) = find_traces(tmp_path / "out" / "evals" / name)
+        assert trace.header.decoding.engine == "vllm" and (trace.header.loop is None) == name.startswith("twin")
+    again = run_study(path, report=False, progress=False)
+    assert set(again.outcomes.values()) == {"skipped: done"}
