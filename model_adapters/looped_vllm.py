@@ -131,12 +131,15 @@ class LoopedVLLM(ScoringTrace, _vllm_class()):
         self.force_strings = forcing_strings(args.bf_string)
         self.force_ids = forcing_tokens(self.tokenizer, args.bf_string)
         # The weights once on CPU, for the fingerprint and the cost the HF path records.
-        dtype = self.model.llm_engine.model_config.dtype if self.data_parallel_size <= 1 else torch.float32
+        if self.data_parallel_size <= 1:
+            dtype = self.model.llm_engine.model_config.dtype
+        else:  # the engines live in Ray workers: the dtype asked for
+            dtype = getattr(torch, str(kwargs.get("dtype", "auto")), "auto")
         hf = AutoModelForCausalLM.from_pretrained(pretrained, dtype=dtype, revision=kwargs.get("revision"),
                                                   trust_remote_code=kwargs.get("trust_remote_code", False))
         self.weights = weights_fingerprint(hf)
         self.cost = loop_cost(hf, self.loop.spec if self.loop else None)
-        self.dtype = str(dtype).replace("torch.", "")
+        self.dtype = str(next(hf.parameters()).dtype).replace("torch.", "")
         self.eos_ids = sorted({e for e in (self.eot_token_id, *_eos(hf.generation_config.eos_token_id)) if e is not None})
         del hf
         if args.budget_forcing:
