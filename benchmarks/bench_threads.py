@@ -8,8 +8,9 @@ twin and the looped model, ``--steps`` steps each; the demo trains
 
 * ``old``: torch's default (one thread per core), the two sides one after the other, what
   loopeval did before issue 26 (the worker gets ``LOOPEVAL_THREADS`` = the core count);
-* ``policy``: ``loopeval.common.threads`` as ``loopeval train`` uses it (the cores free
-  now, re-measured every 2 s), the sides one after the other;
+* ``policy``: ``loopeval.common.threads`` as ``loopeval train`` uses it, the sides one
+  after the other (since issue 31 one thread per core whatever the load, as ``old``; before,
+  the cores free then, re-measured every 2 s);
 * ``demo``: what ``loopeval demo`` does now: both sides at once, two processes of one
   thread each (``train_twins(parallel=True, threads=1)``).
 

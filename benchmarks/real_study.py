@@ -1,8 +1,8 @@
 """The recorded real study of docs/real-models.md: SmolLM2-135M-Instruct (and Gemma 3 270M)
 on real GSM8K, every step a loopeval or lm_eval command, timed.
 
-    python benchmarks/real_study.py --smollm2 SmolLM2-135M-Instruct.Q4_1.gguf \
-        --gemma gemma-3-270m-q4_k_m.gguf --gsm8k ../shared/data/gsm8k --work study
+    python benchmarks/real_study.py --smollm2 "$LOOPEVAL_SMOLLM2_GGUF" \
+        --gemma "$LOOPEVAL_GEMMA3_GGUF" --gsm8k grade-school-math/grade_school_math/data --work study
 
 Steps (each skipped when its output exists, so an interrupted study resumes):
 import the GGUF files; write real GSM8K as local lm-eval tasks; decontaminate GSM8K
@@ -15,7 +15,8 @@ LoRA conversion of the best loop and of its twin (``--convert-steps``), then Δp
 ``gsm8k_nll``; ``serve-cost`` of the best loop; Gemma 3's placement search.
 
 While a file WORK/PAUSE exists, no new command starts. Every command and its wall time
-go to WORK/commands.jsonl; the figures to
+go to WORK/commands.jsonl, written to run anywhere: WORK relative to the current folder,
+the GGUF files as ``$LOOPEVAL_SMOLLM2_GGUF`` and ``$LOOPEVAL_GEMMA3_GGUF``; the figures to
 WORK/study.json; ``--doc docs/real-models.md`` rewrites the part of that file between
 its ``<!-- study -->`` markers from them.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -38,10 +40,18 @@ TASKS_DIR = HERE.parent / "tasks"
 
 
 class Study:
-    def __init__(self, work: Path):
+    def __init__(self, work: Path, names: dict[str, str]):
         self.work = work
         self.work.mkdir(parents=True, exist_ok=True)
         self.log = work / "commands.jsonl"
+        # how a recorded command names this machine's paths: WORK relative, inputs by variable
+        self.names = {str(work): os.path.relpath(work), **names}
+
+    def portable(self, cmd: list[str]) -> str:
+        text = shlex.join(cmd)
+        for path in sorted(self.names, key=len, reverse=True):
+            text = text.replace(path, self.names[path])
+        return text
 
     def run(self, step: str, cmd: list[str], done: Path, *, stdout: Path | None = None) -> None:
         """Run ``cmd`` unless ``done`` exists (its standard output also to ``stdout``); record
@@ -64,7 +74,7 @@ class Study:
             stdout.write_text(text)
         wall = time.time() - start
         with self.log.open("a") as f:
-            f.write(json.dumps({"step": step, "command": shlex.join(cmd), "wall_s": round(wall, 1),
+            f.write(json.dumps({"step": step, "command": self.portable(cmd), "wall_s": round(wall, 1),
                                 "finished": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
         print(f"[{step}] {wall:.0f} s", flush=True)
 
@@ -87,7 +97,7 @@ def compare(study: Study, base: Path, cand: Path, out: Path, *extra: str) -> dic
         text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         out.write_text(text)
         with study.log.open("a") as f:
-            f.write(json.dumps({"step": f"compare {out.stem}", "command": shlex.join(cmd),
+            f.write(json.dumps({"step": f"compare {out.stem}", "command": study.portable(cmd),
                                 "wall_s": round(time.time() - start, 1)}) + "\n")
     return json.loads(out.read_text())
 
@@ -105,18 +115,16 @@ def loop_args(row: dict) -> str:
 
 
 def _cmp_row(name: str, res: dict, task: str) -> str:
-    """One ``compare --json`` row. Scores are oriented higher-is-better there; the NLL task's
-    are shown as NLL per byte (the sign flipped back), Δ stays candidate minus baseline on
-    the oriented score (positive: the candidate is better)."""
+    """One ``compare --json`` row, as the metric reports it (the NLL in nats per byte, lower is
+    better): Δ is candidate minus baseline in the metric's unit; the verdict says which is better."""
     t = res["tasks"][task]
     lo, hi = t["ci"]
-    sign = -1 if task == "gsm8k_nll" else 1
     p = t["mcnemar_pvalue"] if t["decided_by"] == "mcnemar" else t["pvalue"]  # the p of the deciding test
-    return (f"| {name} | {t['n']} | {sign * t['baseline']:.4f} | {sign * t['candidate']:.4f} | {t['delta']:+.4f} | "
+    return (f"| {name} | {t['n']} | {t['baseline']:.4f} | {t['candidate']:.4f} | {t['delta']:+.4f} | "
             f"[{lo:+.4f}, {hi:+.4f}] | {p:.3g} ({t['decided_by']}) | {t['outcome']} |")
 
 
-CMP_HEADER = ("| comparison | n | baseline | candidate | Δ (+: candidate better) | 95% CI | p | verdict |\n"
+CMP_HEADER = ("| comparison | n | baseline | candidate | Δ (candidate − baseline) | 95% CI | p | verdict |\n"
               "|---|---:|---:|---:|---:|---|---:|---|")
 
 
@@ -166,8 +174,8 @@ def render(f: dict, figure: str) -> str:
     named = {v: k for k, v in f["named"].items()}
     first = f["nll"][f["chosen"][0]["loop"]]["tasks"]["gsm8k_nll"]
     out += ["", "### Training-free loops against the unlooped model on gsm8k_nll", "",
-            f"NLL per byte of the reference solution (lower is better); unlooped: **{-first['baseline']:.4f}** on "
-            f"{first['n']} questions. Δ is the unlooped NLL minus the loop's (positive: the loop is better), "
+            f"NLL per byte of the reference solution (lower is better); unlooped: **{first['baseline']:.4f}** on "
+            f"{first['n']} questions. Δ is the loop's NLL minus the unlooped one's (negative: the loop is better), "
             "with its paired-bootstrap 95% interval and p.", "",
             "| loop | PPL_T rank | PPL_T | c | NLL per byte | Δ | 95% CI | p | verdict |",
             "|---|---:|---:|---:|---:|---:|---|---:|---|"]
@@ -176,7 +184,7 @@ def render(f: dict, figure: str) -> str:
         lo, hi = t["ci"]
         label = f"{r['loop']}" + (f" ({named[r['loop']]})" if r["loop"] in named else "")
         out.append(f"| {label} | {loops.index(r) + 1} | {r['ppl_t']:.3f} | {r['multiplier']:.3f} | "
-                   f"{-t['candidate']:.4f} | {t['delta']:+.4f} | [{lo:+.4f}, {hi:+.4f}] | {t['pvalue']:.3g} | "
+                   f"{t['candidate']:.4f} | {t['delta']:+.4f} | [{lo:+.4f}, {hi:+.4f}] | {t['pvalue']:.3g} | "
                    f"{t['outcome']} |")
     sp = f["spearman"]
     out += ["", f"Spearman's ρ between PPL_T and mean NLL per byte over the {sp['n']} placements: "
@@ -239,7 +247,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
     w = Path(a.work).resolve()
-    study = Study(w)
+    study = Study(w, {a.smollm2: "$LOOPEVAL_SMOLLM2_GGUF", **({a.gemma: "$LOOPEVAL_GEMMA3_GGUF"} if a.gemma else {})})
     model = w / "smollm2"
 
     study.run("import-gguf", ["loopeval", "import-gguf", a.smollm2, "--out", str(model)], model / "config.json")
@@ -278,9 +286,9 @@ def main(argv=None) -> int:
         nll[row["loop"]] = compare(study, base_nll, out, out.with_suffix(".compare.json"))
     named = {"best": chosen[0], "middle": chosen[len(chosen) // 2], "worst": chosen[-1]}
 
-    # compare orients every score higher-is-better, so the NLL per byte is minus the candidate's mean
+    # compare --json reports the NLL per byte as lm-eval does (lower is better)
     rho = spearmanr([r["ppl_t"] for r in chosen],
-                    [-nll[r["loop"]]["tasks"]["gsm8k_nll"]["candidate"] for r in chosen])
+                    [nll[r["loop"]]["tasks"]["gsm8k_nll"]["candidate"] for r in chosen])
     figures = {"placements": placements, "chosen": chosen, "named": {k: v["loop"] for k, v in named.items()},
                "nll": nll, "spearman": {"rho": rho.statistic, "pvalue": rho.pvalue, "n": len(chosen)}}
 

@@ -36,12 +36,13 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 import loopeval
 from loopeval.common.args import as_bool, as_field, as_int, as_text
-from loopeval.common.threads import adjust_threads, configure_threads
+from loopeval.common.threads import configure_threads
 from loopeval.core.cache_check import check_cache as run_cache_check
 from loopeval.core.checkpoint import weights_fingerprint
 from loopeval.evaluation.identity import output_identity
 from loopeval.core.loop import check_source
 from loopeval.core.cost import loop_cost
+from loopeval.core.gguf import chat_template_fix
 from loopeval.evaluation.decoding import (
     DecodingRules,
     RowOutcome,
@@ -214,6 +215,23 @@ def pilot_warning(argv: list[str]) -> str | None:
     return None
 
 
+def chat_template_requested(argv: list[str]) -> bool:
+    """Whether an ``lm_eval`` command line asks for ``--apply_chat_template``."""
+    return any(a == "--apply_chat_template" or a.startswith("--apply_chat_template=") for a in argv)
+
+
+def check_chat_template(source: str, **tokenizer_kwargs) -> None:
+    """``ValueError`` naming the fix when the tokenizer of ``source`` has no chat template
+    (reads the tokenizer only, not the weights)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_kwargs)
+    if not getattr(tokenizer, "chat_template", None):
+        fix = chat_template_fix(source) if Path(source).is_dir() else "evaluate without --apply_chat_template"
+        raise ValueError(f"looped: --apply_chat_template, but the tokenizer of {source} has no chat template "
+                         f"(a GGUF without one, such as Gemma 3 270M's, imports none); {fix}")
+
+
 class ScoringTrace:
     """Scoring requests (loglikelihood) open the trace first, so a scoring-only run's header is on record.
     A base of ``LoopedLM`` and of the engine's ``LoopedVLLM``, before their lm-eval class."""
@@ -274,10 +292,18 @@ class LoopedLM(ScoringTrace, HFLM):
             template_args = dict(kwargs.pop("chat_template_args", None) or {})
             template_args["enable_thinking"] = as_bool("enable_thinking", kwargs.pop("enable_thinking"))
             kwargs["chat_template_args"] = template_args
+        tokenizer = kwargs.get("tokenizer") or pretrained
+        if chat_template_requested(sys.argv) and isinstance(tokenizer, str):  # before the weights load
+            check_chat_template(tokenizer, revision=kwargs.get("revision") or "main",
+                                trust_remote_code=kwargs.get("trust_remote_code", False),
+                                gguf_file=kwargs.get("gguf_file"))
         self.batch_size_used = None  # what batch_size=auto detected
         self.chat_template_applied = False
+        try:
+            configure_threads()  # once, before the weights load: the count is part of the numerics
+        except ValueError as exc:
+            raise ValueError(f"looped: {exc}") from None
         super().__init__(pretrained, **kwargs)
-        configure_threads()
         if self.loop is not None and loop_config(self.model) is None:
             apply_loop(self.model, self.loop)
         self.args = args
@@ -404,6 +430,9 @@ class LoopedLM(ScoringTrace, HFLM):
         return size
 
     def apply_chat_template(self, *args, **kwargs):
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"looped: apply_chat_template, but the tokenizer of {self.pretrained} has no chat "
+                             "template; give it one (tokenizer.chat_template) or evaluate without it")
         self.chat_template_applied = True
         return super().apply_chat_template(*args, **kwargs)
 
@@ -411,12 +440,7 @@ class LoopedLM(ScoringTrace, HFLM):
         self._batch_contexts = list(strings)
         return super().tok_batch_encode(strings, *args, **kwargs)
 
-    def _model_call(self, inps, *args, **kwargs):
-        adjust_threads()  # a long scoring run follows the machine's load (loopeval.common.threads)
-        return super()._model_call(inps, *args, **kwargs)
-
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
-        adjust_threads()
         plan = self._plans[generation_kwargs.pop(PLAN_KEY)]
         contexts = self._batch_contexts
         max_new = max_length - context.shape[1]

@@ -195,6 +195,67 @@ def write_generate_task(folder, name: str, rows: list[dict], *, max_gen_toks: in
     }))
 
 
+def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()):
+    """A tiny float32 GGUF of ``arch`` written by the gguf library (an independent writer)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    rng = np.random.default_rng(0)
+    heads, kv, ff, vocab = 4, 2, 96, 64
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(blocks)
+    w.add_context_length(128)
+    w.add_embedding_length(width)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(vocab)
+    shapes = {"token_embd.weight": (vocab, width), "output_norm.weight": (width,)}
+    hd = width // heads
+    for b in range(blocks):
+        shapes.update({f"blk.{b}.attn_norm.weight": (width,), f"blk.{b}.attn_q.weight": (width, width),
+                       f"blk.{b}.attn_k.weight": (kv * hd, width), f"blk.{b}.attn_v.weight": (kv * hd, width),
+                       f"blk.{b}.attn_output.weight": (width, width), f"blk.{b}.ffn_norm.weight": (width,),
+                       f"blk.{b}.ffn_gate.weight": (ff, width), f"blk.{b}.ffn_up.weight": (ff, width),
+                       f"blk.{b}.ffn_down.weight": (width, ff)})
+    shapes.update(dict(extra))
+    for name, shape in shapes.items():
+        if name not in drop:
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32) * 0.02)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+_SPIN = "import os, multiprocessing as m\ndef f(_):\n    while True: pass\nm.Pool(os.cpu_count()).map(f, range(os.cpu_count()))"
+
+
+class busy_machine:
+    """A context in which another process spins on every core (started ``settle`` seconds
+    before the body, killed with its pool after it)."""
+
+    def __init__(self, settle: float = 1.5):
+        self.settle = settle
+
+    def __enter__(self):
+        import time
+
+        self.process = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True,
+                                        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
+        time.sleep(self.settle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        os.killpg(self.process.pid, signal.SIGKILL)  # the pool's workers too
+        self.process.wait()
+
+
 # Tiny lm-eval tasks of the looped-model tests (tests/evaluation, tests/engines).
 QUESTIONS = [
     "Tom has 3 apples and buys 4 more. How many?",

@@ -18,7 +18,14 @@ Every comparison takes the baseline first: ``compare(paired, baseline, candidate
 
 An outcome is "better" or "worse" when the deciding two-sided p-value (Holm-adjusted
 where a family is tested) is below ``alpha``, else "equivalent" when TOST passes, else
-"inconclusive". Results are frozen dataclasses holding every number (fractions).
+"inconclusive". Results are frozen dataclasses holding every number (fractions for a 0/1
+accuracy, the metric's own unit for a continuous one, oriented so that higher is better).
+
+Each metric keeps its unit (:mod:`loopeval.evaluation.metrics`): a macro averages the
+tasks of one kind only (one unit, one direction), and the equivalence margin is the
+metric's: A.5's ±2 points (``margin=0.02``) for fractions, and for a continuous metric only
+the margin given in its unit (``margins={"nll_per_byte": 0.005}``); without one no
+equivalence is claimed.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from loopeval.analysis.runs import PairedRuns, Run, pair_runs
+from loopeval.analysis.runs import PairedRuns, Run, kind, pair_runs
 from loopeval.analysis.stats import (
     BestCheaperResult,
     best_cheaper_bootstrap,
@@ -44,6 +51,7 @@ from loopeval.analysis.stats import (
 from loopeval.analysis.stats.display import points, pvalue as show_p
 from loopeval.analysis.stats.units import fraction
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS, SELECTIONS
+from loopeval.evaluation.metrics import POINTS, Unit
 
 RunLike = Run | Sequence[Run]
 TESTS = ("auto", "bootstrap", "mcnemar")
@@ -51,7 +59,7 @@ SMALL_N = 100  # items
 SMALL_DISCORDANT = 30  # items on which the two sides disagree (0/1 scores)
 """Below either count the paired bootstrap is not trusted: its p is flagged and its TOST
 interval is replaced by Tango's score interval (0/1 scores), or equivalence is not claimed."""
-EQUIVALENCE_METHODS = ("bootstrap", "tango", "tango-bonferroni", "none")
+EQUIVALENCE_METHODS = ("bootstrap", "tango", "tango-bonferroni", "none", "no margin")
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,11 @@ class Comparison:
     ``outcome`` (``pvalue_decisive``). ``pvalue_holm`` adjusts a task's deciding p over
     the tasks of its comparison (Table 8); ``None`` on the macro. ``warnings`` flag a
     sample too small for the bootstrap p to be trusted.
+
+    Numbers are oriented so that higher is better; ``unit`` and ``higher_is_better`` say
+    how to read them as the metric reports them (:meth:`reported`, :meth:`show`).
+    ``margin`` is the equivalence margin in the metric's unit; ``None`` (a continuous
+    metric without one): no equivalence verdict, ``equivalent`` is ``None``.
     """
 
     task: str | None
@@ -85,15 +98,51 @@ class Comparison:
     outcome: str
     warnings: tuple[str, ...]
     equivalence_method: str = "bootstrap"
+    unit: Unit = POINTS
+    higher_is_better: bool = True
+    margin: float | None = DEFAULTS.margin
+
+    @property
+    def kind(self) -> str:
+        return kind(self.unit, self.higher_is_better)
+
+    def reported(self, x: float) -> float:
+        """An oriented value (mean or difference) as the metric reports it."""
+        return x if self.higher_is_better else -x
+
+    def reported_ci(self, ci: ConfidenceInterval) -> ConfidenceInterval:
+        return ci if self.higher_is_better else ConfidenceInterval(-ci.high, -ci.low)
+
+    def show(self, x: float, *, signed: bool = False) -> str:
+        """An oriented value as the metric reports it, in its unit: ``'52.6'``, ``'0.5262'``."""
+        return self.unit.show(self.reported(x), signed=signed)
+
+    def interval(self, ci: ConfidenceInterval | None = None) -> str:
+        """``'[-1.2, +3.4]'``: ``ci`` (default: the difference's) as the metric reports it."""
+        low, high = self.reported_ci(self.ci if ci is None else ci)
+        return f"[{self.unit.show(low, signed=True)}, {self.unit.show(high, signed=True)}]"
+
+    @property
+    def equivalence(self) -> str:
+        """The equivalence verdict in words: ``'yes (±2.0 points)'``, ``'no (±0.0050 nats per byte)'``,
+        ``'no valid interval'`` or ``'no margin'``."""
+        if self.margin is None:
+            return "no margin"
+        if self.equivalence_method == "none":
+            return "no valid interval"
+        return f"{'yes' if self.equivalent else 'no'} (±{self.unit.amount(self.margin)})"
 
     def as_dict(self) -> dict:
-        """The JSON row of ``loopeval compare --json``."""
+        """The JSON row of ``loopeval compare --json``: values as the metric reports them
+        (fractions for a 0/1 accuracy), ``delta`` and ``ci`` candidate − baseline."""
         return {
             "n": self.n,
-            "baseline": self.baseline_accuracy,
-            "candidate": self.candidate_accuracy,
-            "delta": self.delta,
-            "ci": list(self.ci),
+            "unit": "fraction" if self.unit.fraction else self.unit.name,
+            "higher_is_better": self.higher_is_better,
+            "baseline": self.reported(self.baseline_accuracy),
+            "candidate": self.reported(self.candidate_accuracy),
+            "delta": self.reported(self.delta),
+            "ci": list(self.reported_ci(self.ci)),
             "confidence": self.confidence,
             "pvalue": self.pvalue,
             "pvalue_holm": self.pvalue_holm,
@@ -101,7 +150,8 @@ class Comparison:
             "decided_by": self.decided_by,
             "outcome": self.outcome,
             "equivalent": self.equivalent,
-            "equivalence_ci": list(self.equivalence_ci),
+            "margin": self.margin,
+            "equivalence_ci": list(self.reported_ci(self.equivalence_ci)),
             "equivalence_method": self.equivalence_method,
             "warnings": list(self.warnings),
         }
@@ -121,7 +171,10 @@ class SeedComparison:
 class RunComparison:
     """A comparison per task and on the macro. ``seeds`` counts the seed runs favouring
     the candidate and ``per_seed`` compares each pair of seed runs (both ``None`` when the
-    sides have different numbers of seed runs; ``per_seed`` also with a single seed)."""
+    sides have different numbers of seed runs; ``per_seed`` also with a single seed).
+    ``macros`` holds one macro per kind of metric (:meth:`PairedRuns.kinds`), fractions
+    first; ``macro`` is the first of them (the only one when every task shares a kind).
+    ``margin`` is the fractions' equivalence margin, ``margins`` those given per metric."""
 
     baseline: str
     candidate: str
@@ -137,24 +190,48 @@ class RunComparison:
     n_resamples: int
     bootstrap_seed: int
     pilot: str | None = None  # "pilot: n of N items" when a run is a --limit subset
+    macros: Mapping[str, Comparison] | None = None
+    margins: Mapping[str, float] | None = None
 
 
-def _outcome(delta: float, pvalue: float, equivalent: bool, alpha: float) -> str:
+def _outcome(delta: float, pvalue: float, equivalent: bool | None, alpha: float) -> str:
     if pvalue < alpha:
         return "better" if delta > 0 else "worse"
     return "equivalent" if equivalent else "inconclusive"
 
 
-def _check_options(confidence: float, margin: float, alpha: float) -> None:
+def _check_options(confidence: float, margin: float, alpha: float, margins: Mapping[str, float] | None = None) -> None:
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
     fraction("margin", margin, closed=False)
+    if margins is not None and not isinstance(margins, Mapping):
+        raise ValueError(f"margins must map a metric name to its margin, got {margins!r}")
     family_level(confidence)
+
+
+def task_margin(paired: PairedRuns, task: str, margin: float, margins: Mapping[str, float] | None) -> float | None:
+    """The equivalence margin of ``task``'s metric, in its unit: ``margins[metric]`` where
+    given, else ``margin`` (A.5's ±2 points) for a fraction, else ``None`` (no equivalence claim)."""
+    unit = paired.unit(task)
+    name = paired.metric_name(task)
+    if name in (margins or {}):
+        return unit.check_margin(f"margin of {name}", margins[name])
+    return margin if unit.fraction else None
+
+
+def single_kind(paired: PairedRuns, what: str) -> None:
+    """Refuse tasks of several kinds where one macro decides (a macro never averages two units)."""
+    kinds = paired.kinds()
+    if len(kinds) > 1:
+        detail = "; ".join(f"{k}: {', '.join(ts)}" for k, ts in kinds.items())
+        raise ValueError(f"{what} decides on one macro, and the tasks' metrics are of different kinds ({detail}); "
+                         "a macro never averages two units: pass tasks= of one kind (the report builds one "
+                         "section per kind)")
 
 
 def compare(paired: PairedRuns, baseline: str, candidate: str, *, resampler: Resampler | None = None,
             confidence: float = DEFAULTS.confidence, family: tuple[int, str] | None = None, margin: float = DEFAULTS.margin,
-            alpha: float = DEFAULTS.alpha, test: str = "bootstrap") -> RunComparison:
+            alpha: float = DEFAULTS.alpha, test: str = "bootstrap", margins: Mapping[str, float] | None = None) -> RunComparison:
     """Compare two systems of ``paired`` per task and on the macro.
 
     ``resampler`` (default: ``paired.resampler()``, 10,000 resamples, seed 0) supplies
@@ -162,25 +239,40 @@ def compare(paired: PairedRuns, baseline: str, candidate: str, *, resampler: Res
     (e.g. ``(4, "bonferroni")``) widens every interval to its family level. ``test``:
     ``"bootstrap"`` decides by the paired bootstrap (paper A.5); ``"mcnemar"`` decides
     each task by exact McNemar and the macro by the tasks' McNemar p-values,
-    Holm-adjusted (:func:`delta_param` explains when).
+    Holm-adjusted (:func:`delta_param` explains when). ``margin`` is the equivalence margin
+    of fractions (A.5's ±2 points), ``margins`` gives a metric's own (by lm-eval metric
+    name, in its unit); there is one macro per kind of metric (``RunComparison.macros``).
     """
     if test not in ("bootstrap", "mcnemar"):
         raise ValueError(f"test {test!r}: choose bootstrap or mcnemar")
-    _check_options(confidence, margin, alpha)
+    _check_options(confidence, margin, alpha, margins)
     rs = paired.resampler() if resampler is None else resampler
     binary = {t: paired.binary(t, baseline, candidate) for t in paired.tasks}
     if test == "mcnemar" and not all(binary.values()):
         odd = [t for t, b in binary.items() if not b]
         raise ValueError(f"test='mcnemar' needs 0/1 scores from one run per side; {', '.join(odd)} has not")
-    rows = {t: _row(rs, baseline, candidate, t, confidence, family, margin, alpha, binary[t]) for t in paired.tasks}
-    macro = _row(rs, baseline, candidate, None, confidence, family, margin, alpha, False)
-    macro = _macro_equivalence(rs, baseline, candidate, macro, rows, margin, alpha)
-    macro = replace(macro, outcome=_outcome(macro.delta, macro.pvalue, macro.equivalent, alpha))
+    own = {t: task_margin(paired, t, margin, margins) for t in paired.tasks}
+
+    def read(row: Comparison, task: str) -> Comparison:
+        return replace(row, unit=paired.unit(task), higher_is_better=(paired.higher_is_better or {}).get(task, True))
+
+    rows = {t: read(_row(rs, baseline, candidate, t, confidence, family, own[t], alpha, binary[t]), t)
+            for t in paired.tasks}
+    kinds = paired.kinds()
+    macros = {}
+    for name, tasks in kinds.items():
+        shared = {own[t] for t in tasks}
+        kind_margin = shared.pop() if len(shared) == 1 else None
+        which = None if len(kinds) == 1 else tuple(tasks)
+        macro = read(_row(rs, baseline, candidate, which, confidence, family, kind_margin, alpha, False), tasks[0])
+        macro = _macro_equivalence(rs, baseline, candidate, macro, {t: rows[t] for t in tasks}, kind_margin, alpha)
+        macros[name] = replace(macro, outcome=_outcome(macro.delta, macro.pvalue, macro.equivalent, alpha))
     deciding = [r.mcnemar_pvalue if test == "mcnemar" else r.pvalue for r in rows.values()]
     adjusted = dict(zip(rows, holm(deciding)))
     rows = {t: _decide(r, test, float(adjusted[t]), alpha) for t, r in rows.items()}
     if test == "mcnemar":
-        macro = _decide_macro_by_tasks(macro, rows, alpha)
+        macros = {name: _decide_macro_by_tasks(m, {t: rows[t] for t in kinds[name]}, alpha) for name, m in macros.items()}
+    macro = next(iter(macros.values()))
     a, b = paired.scores[baseline], paired.scores[candidate]
     same_seeds = len(paired.runs[baseline]) == len(paired.runs[candidate])
     return RunComparison(
@@ -198,11 +290,13 @@ def compare(paired: PairedRuns, baseline: str, candidate: str, *, resampler: Res
         n_resamples=rs.n_resamples,
         bootstrap_seed=rs.seed,
         pilot=paired.pilot,
+        macros=macros,
+        margins=dict(margins or {}),
     )
 
 
-def _row(rs: Resampler, baseline: str, candidate: str, task: str | None, confidence: float,
-         family: tuple[int, str] | None, margin: float, alpha: float, binary: bool) -> Comparison:
+def _row(rs: Resampler, baseline: str, candidate: str, task: str | tuple[str, ...] | None, confidence: float,
+         family: tuple[int, str] | None, margin: float | None, alpha: float, binary: bool) -> Comparison:
     boot = rs.paired_bootstrap(baseline, candidate, benchmark=task, confidence=confidence, family=family)
     mc = mcnemar(rs.scores(baseline, task), rs.scores(candidate, task)) if binary else None
     discordant = mc.only_baseline + mc.only_candidate if mc else None
@@ -213,17 +307,17 @@ def _row(rs: Resampler, baseline: str, candidate: str, task: str | None, confide
         warnings.append(f"only {discordant} discordant items: trust the exact McNemar p ({show_p(mc.pvalue)}) "
                         f"over the bootstrap p ({show_p(boot.pvalue)})")
     equivalent, eq_ci, eq_p, method = _equivalence(rs, baseline, candidate, task, margin, alpha, binary, discordant)
-    if method == "none" and task is not None:
+    if method == "none" and isinstance(task, str):
         warnings.append("too few items for the bootstrap and no 0/1 scores for Tango's interval: "
                         "equivalence is not claimed")
     return Comparison(
-        task=task, baseline=baseline, candidate=candidate, n=boot.n,
+        task=task if isinstance(task, str) else None, baseline=baseline, candidate=candidate, n=boot.n,
         baseline_accuracy=boot.baseline, candidate_accuracy=boot.candidate, delta=boot.delta,
         ci=boot.ci, confidence=boot.confidence, pvalue=boot.pvalue, mcnemar_pvalue=mc.pvalue if mc else None,
         discordant=discordant, equivalent=equivalent, equivalence_ci=eq_ci, equivalence_pvalue=eq_p,
         decided_by="bootstrap", pvalue_decisive=boot.pvalue, pvalue_holm=None,
         outcome=_outcome(boot.delta, boot.pvalue, equivalent, alpha), warnings=tuple(warnings),
-        equivalence_method=method,
+        equivalence_method=method, margin=margin,
     )
 
 
@@ -233,11 +327,15 @@ def bootstrap_reliable(n: int, discordant: int | None) -> bool:
     return n >= SMALL_N and (discordant is None or discordant >= SMALL_DISCORDANT)
 
 
-def _equivalence(rs: Resampler, baseline: str, candidate: str, task: str | None, margin: float, alpha: float,
-                 binary: bool, discordant: int | None) -> tuple[bool, ConfidenceInterval, float, str]:
+def _equivalence(rs: Resampler, baseline: str, candidate: str, task, margin: float | None, alpha: float,
+                 binary: bool, discordant: int | None) -> tuple[bool | None, ConfidenceInterval, float, str]:
     """TOST within ±margin: the bootstrap's where it is reliable, Tango's score interval for
     0/1 items (without clusters) where it is not, else no claim. A zero-width interval is
-    never evidence of equivalence."""
+    never evidence of equivalence. Without a margin (a continuous metric given none): no
+    verdict (``None``), the bootstrap's ``1 − 2 alpha`` interval for reference."""
+    if margin is None:
+        ci = rs.paired_bootstrap(baseline, candidate, benchmark=task, confidence=1 - 2 * alpha).ci
+        return None, ci, float("nan"), "no margin"
     if bootstrap_reliable(rs.n(task), discordant):
         eq = rs.tost(baseline, candidate, benchmark=task, margin=margin, alpha=alpha)
         return eq.equivalent and eq.ci.high > eq.ci.low, eq.ci, eq.pvalue, "bootstrap"
@@ -249,12 +347,12 @@ def _equivalence(rs: Resampler, baseline: str, candidate: str, task: str | None,
 
 
 def _macro_equivalence(rs: Resampler, baseline: str, candidate: str, macro: Comparison,
-                       rows: Mapping[str, Comparison], margin: float, alpha: float) -> Comparison:
+                       rows: Mapping[str, Comparison], margin: float | None, alpha: float) -> Comparison:
     """The macro's equivalence when a task's bootstrap is unreliable: with one task, that
     task's; with several 0/1 tasks (no clusters), the mean of their Tango intervals at the
     Bonferroni level ``1 − 2 alpha / k``, which covers the macro difference at ``1 − 2 alpha``
     because the k intervals hold together (no p-value: ``nan``); otherwise no claim."""
-    if all(r.equivalence_method == "bootstrap" for r in rows.values()):
+    if margin is None or all(r.equivalence_method == "bootstrap" for r in rows.values()):
         return macro
     if len(rows) == 1:
         (row,) = rows.values()
@@ -324,7 +422,8 @@ def training_free(paired: PairedRuns, twin: str, looped: str) -> bool:
 
 def delta_param(twin: RunLike, looped: RunLike, *, tasks: Sequence[str] | None = None, test: str = "auto",
                 n_resamples: int = DEFAULTS.n_resamples, seed: int = 0, confidence: float = DEFAULTS.confidence,
-                family: tuple[int, str] | None = None, margin: float = DEFAULTS.margin, alpha: float = DEFAULTS.alpha) -> RunComparison:
+                family: tuple[int, str] | None = None, margin: float = DEFAULTS.margin, alpha: float = DEFAULTS.alpha,
+                margins: Mapping[str, float] | None = None) -> RunComparison:
     """Δparam (Eq. 2): ``looped`` against its identically trained ``twin`` ("twin" → "looped").
 
     Either side may be one run per training seed (paired by position); item scores are
@@ -333,16 +432,17 @@ def delta_param(twin: RunLike, looped: RunLike, *, tasks: Sequence[str] | None =
     McNemar decides when the comparison is training-free (:func:`training_free`), the
     paired bootstrap otherwise (A.5: "Intervals come from paired bootstraps over test
     items"); ``"bootstrap"`` or ``"mcnemar"`` force one. ``RunComparison.test`` says which
-    decided.
+    decided. The tasks' metrics must be of one kind (one unit): the test decides on their macro.
     """
     if test not in TESTS:
         raise ValueError(f"test {test!r}: choose one of {', '.join(TESTS)}")
     paired = pair_runs({"twin": twin, "looped": looped}, tasks=tasks)
+    single_kind(paired, "Δparam")
     if test == "auto":
         test = "mcnemar" if training_free(paired, "twin", "looped") else "bootstrap"
     rs = paired.resampler(n_resamples=n_resamples, seed=seed)
     return compare(paired, "twin", "looped", resampler=rs, confidence=confidence, family=family, margin=margin,
-                   alpha=alpha, test=test)
+                   alpha=alpha, test=test, margins=margins)
 
 
 @dataclass(frozen=True)
@@ -387,7 +487,7 @@ def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *
                tasks: Sequence[str] | None = None, cost: str = "passes", selection: str = "fixed",
                flops_per_token: Mapping[str, float] | None = None, n_resamples: int = DEFAULTS.n_resamples, seed: int = 0,
                confidence: float = DEFAULTS.confidence, family: tuple[int, str] | None = None, margin: float = DEFAULTS.margin,
-               alpha: float = DEFAULTS.alpha) -> tuple[DeltaFlop, ...]:
+               alpha: float = DEFAULTS.alpha, margins: Mapping[str, float] | None = None) -> tuple[DeltaFlop, ...]:
     """ΔFLOP (Eq. 3) for each looped evaluation, e.g. one per token budget.
 
     ``unlooped`` and ``looped`` map names to runs (or one run per seed; costs average
@@ -402,6 +502,7 @@ def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *
     same-budget twin; ``costlier`` names unlooped evaluations to compare with every
     loop although they may cost more (a larger model). All comparisons share one set of
     resamples; the deciding p-values are Holm-corrected over the looped evaluations.
+    The tasks' metrics must be of one kind (one unit): the test decides on their macro.
     """
     if cost not in COST_MODES:
         raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
@@ -419,8 +520,9 @@ def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *
     for name in costlier:
         if name not in unlooped:
             raise ValueError(f"costlier: {name!r} is not an unlooped evaluation")
-    _check_options(confidence, margin, alpha)
+    _check_options(confidence, margin, alpha, margins)
     paired = pair_runs({**looped, **unlooped}, tasks=tasks)
+    single_kind(paired, "ΔFLOP")
     fpt = dict(flops_per_token or {})
     costs = _costs(paired, cost, fpt)
     other_mode = "flops" if cost == "passes" else "passes"
@@ -430,7 +532,7 @@ def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *
         other = None
     accuracy = {name: paired.accuracy(name) for name in paired.systems}
     rs = paired.resampler(n_resamples=n_resamples, seed=seed)
-    options = dict(resampler=rs, confidence=confidence, family=family, margin=margin, alpha=alpha)
+    options = dict(resampler=rs, confidence=confidence, family=family, margin=margin, alpha=alpha, margins=margins)
     pool = {u: costs[u] for u in unlooped}
 
     def choose(loop: str, how: str) -> BestCheaperResult | None:
@@ -498,7 +600,8 @@ class FinishedBoth:
 
 
 def finished_both(twin: RunLike, looped: RunLike, *, tasks: Sequence[str] | None = None, n_resamples: int = DEFAULTS.n_resamples,
-                  seed: int = 0, confidence: float = DEFAULTS.confidence, margin: float = DEFAULTS.margin, alpha: float = DEFAULTS.alpha) -> FinishedBoth:
+                  seed: int = 0, confidence: float = DEFAULTS.confidence, margin: float = DEFAULTS.margin, alpha: float = DEFAULTS.alpha,
+                  margins: Mapping[str, float] | None = None) -> FinishedBoth:
     """Twin → looped on the items both finish within their budget ("On GSM8K problems that
     both models finish, the looped model answers 79.1% correctly against 75.6%"), so a
     gain there does not come from finishing. ``finished`` comes from the traces."""
@@ -514,10 +617,11 @@ def finished_both(twin: RunLike, looped: RunLike, *, tasks: Sequence[str] | None
         systems=paired.systems, tasks=tuple(kept),
         doc_ids={t: paired.doc_ids[t][masks[t]] for t in kept},
         scores={s: {t: paired.scores[s][t][masks[t]] for t in kept} for s in paired.systems},
-        runs=paired.runs,
+        runs=paired.runs, higher_is_better=paired.higher_is_better, units=paired.units,
     )
     rs = subset.resampler(n_resamples=n_resamples, seed=seed)
-    result = compare(subset, "twin", "looped", resampler=rs, confidence=confidence, margin=margin, alpha=alpha)
+    result = compare(subset, "twin", "looped", resampler=rs, confidence=confidence, margin=margin, alpha=alpha,
+                     margins=margins)
     return FinishedBoth(finished={t: int(masks[t].sum()) for t in paired.tasks}, comparison=result)
 
 
@@ -559,23 +663,27 @@ def _p(p: float) -> str:
     return f"p{text}" if text.startswith("<") else f"p = {text}"
 
 
-def _interval(c: Comparison) -> str:
-    return f"[{points(c.ci.low, signed=True)}, {points(c.ci.high, signed=True)}]"
+def _difference(c: Comparison) -> str:
+    """``'+4.1 points [+1.0, +7.2]'``, ``'-0.0086 nats per byte [-0.0111, -0.0061] (lower is better)'``."""
+    lower = "" if c.higher_is_better else " (lower is better)"
+    return f"{c.unit.amount(c.reported(c.delta), signed=True)} {c.interval()}{lower}"
 
 
 _INTERVAL_NAMES = {"bootstrap": "bootstrap", "tango": "Tango score", "tango-bonferroni": "Tango score, Bonferroni over tasks"}
 
 
-def _equivalence_words(c: Comparison, margin: float, alpha: float) -> str:
+def _equivalence_words(c: Comparison, alpha: float) -> str:
     """Why the comparison is or is not equivalent, naming the interval that decided."""
     level = f"{points(1 - 2 * alpha, digits=0)}%"
-    bounds = f"[{points(c.equivalence_ci.low, signed=True)}, {points(c.equivalence_ci.high, signed=True)}]"
+    if c.margin is None:
+        return (f"no equivalence margin was given in {c.unit.name}, so equivalence is not judged "
+                f"(the {level} interval is {c.interval(c.equivalence_ci)})")
     if c.equivalence_method == "none":
         return "too few items for a valid equivalence interval, so not shown equivalent"
-    where = f"{level} {_INTERVAL_NAMES[c.equivalence_method]} interval {bounds}"
+    where = f"{level} {_INTERVAL_NAMES[c.equivalence_method]} interval {c.interval(c.equivalence_ci)}"
     if c.equivalent:
-        return f"equivalent within ±{points(margin)} points: {where}"
-    return f"not shown equivalent: the {where} is not within ±{points(margin)} points"
+        return f"equivalent within ±{c.unit.amount(c.margin)}: {where}"
+    return f"not shown equivalent: the {where} is not within ±{c.unit.amount(c.margin)}"
 
 
 def verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> Verdict:
@@ -593,12 +701,12 @@ def _verdict(param: RunComparison, flop: Sequence[DeltaFlop] | None = None) -> V
     test = " (exact McNemar, training-free)" if param.test == "mcnemar" else ""
     p = _p(m.pvalue_decisive) + test
     if m.outcome == "better":
-        first = f"Equal parameters: the loop beats its twin by {points(m.delta, signed=True)} points {_interval(m)}, {p}{seeds}."
+        first = f"Equal parameters: the loop beats its twin by {_difference(m)}, {p}{seeds}."
     elif m.outcome == "worse":
-        first = f"Equal parameters: the loop is worse than its twin by {points(-m.delta)} points {_interval(m)}, {p}{seeds}."
+        first = f"Equal parameters: the loop is worse than its twin by {_difference(m)}, {p}{seeds}."
     else:
-        first = (f"Equal parameters: no significant difference from the twin, {points(m.delta, signed=True)} points "
-                 f"{_interval(m)}, {p} ({_equivalence_words(m, param.margin, param.alpha)}).")
+        first = (f"Equal parameters: no significant difference from the twin, {_difference(m)}, {p} "
+                 f"({_equivalence_words(m, param.alpha)}).")
     if m.outcome != "better":
         return Verdict(param=m.outcome, flop=None, passes_param=False, passes_flop=None,
                        sentences=(first, "Equal FLOPs: not meaningful, since the loop does not beat its twin."))

@@ -5,11 +5,13 @@ and, where the ``looped`` model wrote one, its per-item cost trace. :func:`pair_
 aligns several runs item by item (``doc_id``, checked by ``doc_hash`` and
 ``target_hash``) for the paired statistics of :mod:`loopeval.analysis.stats`.
 
-Every evaluation must cover all of its items: a run cut by ``--limit``, a samples file
-missing items, a corrupt samples line or runs of different items are refused with a
-``ValueError`` that names the task, the file or the counts. A pilot is the explicit
-exception: ``load_run(..., allow_subset=True)`` accepts a ``--limit`` run, and
-:func:`pilot_label` then says "pilot: n of N items" wherever its results are shown.
+Every evaluation must cover all of its items: a run cut by ``--limit``, a run over a
+local data file holding fewer than the task's full test set (:data:`loopeval.evaluation.metrics.TEST_SET_SIZES`),
+a samples file missing items, a corrupt samples line or runs of different items are
+refused with a ``ValueError`` that names the task, the file or the counts. A pilot is the
+explicit exception: ``load_run(..., allow_subset=True)`` accepts such a run, and
+:func:`pilot_label` then says "pilot: n of N items", N the benchmark's size, wherever its
+results are shown.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 
 from loopeval.analysis.stats import Resampler
 from loopeval.common.jsonl import read_jsonl
+from loopeval.evaluation.metrics import POINTS, Unit, full_size, unit_of
 from loopeval.evaluation.trace import TraceHeader, TraceItem, find_traces
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
@@ -41,7 +44,9 @@ class TaskScores:
     ``trace[i]`` holds the item's cost-trace records (empty where none joined); ``trace``
     is ``None`` when no trace covers the task. ``higher_is_better`` is the metric's
     direction as lm-eval reports it (``False`` for ``gsm8k_nll``'s ``nll_per_byte``);
-    ``scores`` are as reported, and :func:`pair_runs` orients them.
+    ``scores`` are as reported, and :func:`pair_runs` orients them. ``unit`` is the
+    metric's (:func:`loopeval.evaluation.metrics.unit_of`); ``output_type`` lm-eval's
+    (only ``generate_until`` tasks have a generation trace).
     """
 
     task: str
@@ -60,10 +65,22 @@ class TaskScores:
     answered: np.ndarray | None = None  # per item, share of responses with a scored answer (boxed-answer tasks)
     foreign_traces: Mapping[tuple, str] = None  # keys of traces written outside this run -> why
     higher_is_better: bool = True
+    unit: Unit = POINTS
+    output_type: str | None = None
 
     @property
     def n(self) -> int:
         return len(self.doc_ids)
+
+    @property
+    def n_full(self) -> int:
+        """Items of the task's full test set (:func:`loopeval.evaluation.metrics.full_size`)."""
+        return full_size(self.task, self.n_original)
+
+    @property
+    def generative(self) -> bool:
+        """Whether the task generates text (lm-eval's ``generate_until``), so a trace records its cost."""
+        return self.output_type in (None, "generate_until")
 
     @property
     def accuracy(self) -> float:
@@ -109,6 +126,7 @@ class TaskScores:
     def tokens(self) -> np.ndarray:
         """Per-item prompt plus generated tokens from the trace."""
         return np.array([sum(r.prompt_tokens + r.generated_tokens for r in recs) for recs in self._traced()])
+
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,12 +200,20 @@ class Run:
         passes exactly and a larger model is charged its larger layers. ``mode="flops"``:
         the traced forward FLOPs (LM head, prompt and attention included); with
         ``flops_per_token``, that figure times the traced prompt and generated tokens.
+        Only generative tasks are charged. Tasks that generate nothing (log-likelihood
+        scoring: ``gsm8k_nll``, letter logits) have no generation trace; when none of the
+        tasks generates, the cost is the loop's nominal charge: c layer passes per scored
+        item (:meth:`nominal_cost`), so a loop costs c times its twin.
         """
         if mode not in COST_MODES:
             raise ValueError(f"cost mode {mode!r}: choose one of {', '.join(COST_MODES)}")
         leaves = self._leaves(tasks)
         if self.trace_error:
             raise ValueError(self.trace_error)
+        generative = [t for t in leaves if self.tasks[t].generative]
+        if not generative:
+            return self.nominal_cost(leaves)
+        leaves = generative
         if mode == "passes":
             return float(self.pass_unit * sum(self.tasks[t].passes.sum() for t in leaves))
         if flops_per_token is None:
@@ -195,6 +221,27 @@ class Run:
         if not flops_per_token > 0:
             raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}")
         return float(flops_per_token * sum(self.tasks[t].tokens.sum() for t in leaves))
+
+    def forcing(self, tasks: Sequence[str] | None = None) -> dict[str, float]:
+        """Budget forcing in the trace of the tasks' generation: the requests it fired on
+        (``forced``) of all (``requests``), the generated tokens (``tokens``) and those from
+        the forced answer on (``tokens_after``: the inserted answer string and what followed
+        it), and the layer-pass cost of those (``cost_after``, in :meth:`cost`'s ``passes`` unit)."""
+        leaves = [t for t in self._leaves(tasks) if self.tasks[t].generative]
+        recs = [r for t in leaves for item in self.tasks[t]._traced() for r in item]
+        forced = [r for r in recs if r.forced_at is not None]
+        return {"forced": len(forced), "requests": len(recs), "tokens": sum(r.generated_tokens for r in recs),
+                "tokens_after": sum(max(0, r.generated_tokens - r.forced_at) for r in forced),
+                "cost_after": self.pass_unit * sum(max(0, r.generated_tokens - r.forced_at) * r.passes_per_token
+                                                   for r in forced)}
+
+    def nominal_cost(self, tasks: Sequence[str] | None = None) -> float:
+        """c layer passes (of :attr:`pass_unit`) per item of the tasks: the loop's charge
+        where no generation is traced. Needs the trace header that every ``looped`` run writes."""
+        if self.header is None:
+            raise ValueError(f"{self.path.parent}: no loopeval trace header, so the loop's cost c is unknown "
+                             "(evaluate with `lm_eval --model looped --model_args ...,trace=OUTPUT_PATH`)")
+        return float(self.pass_unit * self.header.multiplier * sum(self.tasks[t].n for t in self._leaves(tasks)))
 
     @property
     def pass_unit(self) -> float:
@@ -209,18 +256,34 @@ class Run:
         return list(self.tasks) if tasks is None else _expand(tasks, self.groups, self.tasks, self.path)
 
 
-def decoding_differences(a: Run, b: Run, *, intended=()) -> list[str]:
+def decoding_differences(a: Run, b: Run, *, intended=(), traces: bool = True, settings: bool = True) -> list[str]:
     """What differs between two runs besides their weights and loop (:func:`loopeval.evaluation.identity.differences`):
     the shared settings of their traces, each shared task's version and generation kwargs, and
     each item's rendered prompt (empty: none). ``intended`` names differences to allow. A run
-    without a readable trace is one difference, with the reason."""
+    without a readable trace is one difference, with the reason (``traces=False``: not
+    listed; ``settings=False``: only those)."""
     from loopeval.evaluation.identity import differences, of_run
 
     diffs = []
-    for run in (a, b):
+    for run in (a, b) if traces else ():
         if run.header is None:
             diffs.append(f"{run.path.parent}: no loopeval trace" + (f" ({run.trace_error})" if run.trace_error else ""))
-    return diffs + differences(of_run(a), of_run(b), intended=intended)
+    return diffs + (differences(of_run(a), of_run(b), intended=intended) if settings else [])
+
+
+def forcing_shares(runs: Sequence[Run], tasks: Sequence[str]) -> dict:
+    """:meth:`Run.forcing` of ``runs`` (seeds) summed, with their total layer-pass cost and
+    the share of their generated tokens after the forced answer."""
+    parts = [run.forcing(tasks) for run in runs]
+    f = {k: sum(p[k] for p in parts) for k in parts[0]}
+    f["total"] = sum(run.cost(tasks, mode="passes") for run in runs)
+    f["tokens_after_share"] = f["tokens_after"] / f["tokens"] if f["tokens"] else 0.0
+    return f
+
+
+def cost_split(f: dict, base: float) -> dict:
+    """Forcing shares with the realised cost split before / after the forced answer, over ``base``."""
+    return {**f, "before": (f["total"] - f["cost_after"]) / base, "after": f["cost_after"] / base}
 
 
 def _expand(names: Sequence[str], groups: Mapping[str, Sequence[str]], leaves, where) -> list[str]:
@@ -351,7 +414,7 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, mo
                  results_file: Path | None = None) -> tuple[dict, dict, tuple]:
     """``{(task, doc_id, prompt_hash): (trace order, header, records)}`` over the folders' traces,
     ``{key: why}`` for the keys held only by traces written outside the run, and the headers
-    of the run's traces without records (a scoring-only run: loglikelihood generates nothing).
+    of the run's traces (what a scoring-only selection reads: loglikelihood generates nothing).
 
     Only traces created while the run was evaluating, by a model with the run's
     ``model_args`` (:func:`loopeval.evaluation.identity.header_mismatch`), count: folders are often shared
@@ -381,7 +444,7 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, mo
         for item in trace.items:
             grouped[(item.task, item.doc_id, item.prompt_hash)].append(item)
         index.update({k: (order, trace.header, tuple(v)) for k, v in grouped.items()})
-    return index, foreign, tuple(t.header for t in inside if not t.items)
+    return index, foreign, tuple(t.header for t in inside)
 
 
 def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict, tuple],
@@ -398,10 +461,14 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         raise ValueError(f"{results_file}: field 'n-samples.{task}' is {counts!r}, expected "
                          "{'original': int, 'effective': int}")
     original, effective = counts["original"], counts["effective"]
-    if effective < original and not allow_subset:
+    full = full_size(task, original)
+    if effective < full and not allow_subset:
+        how = (f"the run was cut by --limit ({effective} of {original} items)" if effective < original
+               else f"its data holds {original} of the task's {full} test items (a local file with a subset?)")
+        if effective < original < full:
+            how += f", of a data file holding {original} of the task's {full} test items"
         raise ValueError(
-            f"{results_file}: task {task}: the run was cut by --limit ({effective} of {original} items); "
-            "every evaluation must cover all of its items (a pilot: --allow-subset)"
+            f"{results_file}: task {task}: {how}; every evaluation must cover all of its items (a pilot: --allow-subset)"
         )
     key = _metric_key(task, results["results"].get(task, {}), metric)
     direction = results.get("higher_is_better", {}).get(task, {}).get(key.split(",", 1)[0], True)
@@ -414,6 +481,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
             f"task {task}: no samples file {samples_path.name} beside {results_file}; run lm_eval with --log_samples"
         )
     items = _read_samples(samples_path, key)
+    config = results["configs"].get(task) or {}
     if len(items) != effective:
         present = set(items)
         missing = sorted(set(range(effective)) - present)[:5]
@@ -444,13 +512,15 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         prompt_hashes=prompt_hashes,
         n_original=original,
         n_effective=effective,
-        generation_kwargs=results.get("configs", {}).get(task, {}).get("generation_kwargs"),
+        generation_kwargs=config.get("generation_kwargs"),
         samples_path=samples_path,
         trace=joined if any(joined) else None,
         clusters=clusters,
         foreign_traces=foreign,
         answered=None if any(r["answered"] is None for r in recs) else np.array([r["answered"] for r in recs]),
         higher_is_better=bool(direction),
+        unit=unit_of(key, [r["value"] for r in recs]),
+        output_type=config.get("output_type"),
     )
 
 
@@ -504,13 +574,14 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
 
 def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str | None:
     """``"pilot: n of N items"`` when any of the runs covers fewer items of its tasks than
-    they hold (a ``--limit`` run, accepted with ``allow_subset``), else ``None``."""
-    counts = [(ts.n, ts.n_original) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
+    their full test sets hold (a ``--limit`` run, or a local file with a subset, accepted
+    with ``allow_subset``), N counted as :attr:`TaskScores.n_full`, else ``None``."""
+    counts = [(ts.n, ts.n_full) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
     if not runs or all(n == total for n, total in counts):
         return None
     first = runs[0]
     n = sum(ts.n for t, ts in first.tasks.items() if tasks is None or t in tasks)
-    total = sum(ts.n_original for t, ts in first.tasks.items() if tasks is None or t in tasks)
+    total = sum(ts.n_full for t, ts in first.tasks.items() if tasks is None or t in tasks)
     return f"pilot: {n} of {total} items"
 
 
@@ -530,6 +601,23 @@ class PairedRuns:
     runs: Mapping[str, tuple[Run, ...]]
     clusters: Mapping[str, tuple] | None = None  # per task, the item clusters all runs agree on
     higher_is_better: Mapping[str, bool] | None = None  # per task, the metric's direction (None: all higher)
+    units: Mapping[str, Unit] | None = None  # per task, the metric's unit (None: all points)
+
+    def unit(self, task: str) -> Unit:
+        return (self.units or {}).get(task, POINTS)
+
+    def kinds(self) -> dict[str, tuple[str, ...]]:
+        """The tasks by kind of metric (:func:`kind`), fractions first: each kind has a macro
+        of its own, since a macro never averages two units."""
+        out: dict[str, list[str]] = {}
+        for t in sorted(self.tasks, key=lambda t: not self.unit(t).fraction):
+            out.setdefault(kind(self.unit(t), (self.higher_is_better or {}).get(t, True)), []).append(t)
+        return {k: tuple(ts) for k, ts in out.items()}
+
+    def metric_name(self, task: str) -> str | None:
+        """lm-eval's name of the task's metric (``nll_per_byte``) in the first run (``None`` without runs)."""
+        first = next(iter((self.runs or {}).values()), None)
+        return first[0].tasks[task].metric.split(",", 1)[0] if first and first[0] is not None else None
 
     def resampler(self, *, n_resamples: int = DEFAULTS.n_resamples, seed: int = 0) -> Resampler:
         """Shared bootstrap resamples for every comparison among these runs (seeds averaged per
@@ -552,6 +640,11 @@ class PairedRuns:
             self.scores[s][task].shape[1] == 1 and np.isin(self.scores[s][task], (0.0, 1.0)).all()
             for s in systems or self.systems
         )
+
+
+def kind(unit: Unit, higher_is_better: bool = True) -> str:
+    """A kind of metric: its unit, and its direction where lower is better ("nats per byte, lower is better")."""
+    return unit.name + ("" if higher_is_better else ", lower is better")
 
 
 def pair_runs(runs: Mapping[str, Run | Sequence[Run]], *, tasks: Sequence[str] | None = None) -> PairedRuns:
@@ -595,6 +688,13 @@ def pair_runs(runs: Mapping[str, Run | Sequence[Run]], *, tasks: Sequence[str] |
         if odd:
             raise ValueError(f"task {odd[0]}: {first_label} and {label} score it with metrics of opposite direction "
                              f"({first.tasks[odd[0]].metric} and {run.tasks[odd[0]].metric})")
+    units = {t: first.tasks[t].unit for t in selected}
+    for label, run in labelled[1:]:
+        odd = [t for t in selected if run.tasks[t].unit != units[t]]
+        if odd:
+            raise ValueError(f"task {odd[0]}: {first_label} scores it in {units[odd[0]].name} and {label} in "
+                             f"{run.tasks[odd[0]].unit.name} ({first.tasks[odd[0]].metric} and "
+                             f"{run.tasks[odd[0]].metric}); compare one metric")
     sign = {t: 1.0 if up else -1.0 for t, up in direction.items()}
     scores = {
         name: {t: sign[t] * np.column_stack([r.tasks[t].scores for r in rs]) for t in selected}
@@ -608,6 +708,7 @@ def pair_runs(runs: Mapping[str, Run | Sequence[Run]], *, tasks: Sequence[str] |
         runs=seeds,
         clusters=clusters or None,
         higher_is_better=direction,
+        units=units,
     )
 
 

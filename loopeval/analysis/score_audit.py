@@ -142,7 +142,7 @@ def score_audit(run: str | Path | Run, *, tasks: Sequence[str] | None = None,
     ``unfinished_fallback`` (:data:`loopeval.evaluation.fallback.UNFINISHED_FALLBACK`): ``"wrong"``
     rescores number-fallback verdicts from unfinished responses as wrong."""
     check_option(unfinished_fallback)
-    loaded = run if isinstance(run, Run) else load_run(run, tasks=tasks)
+    loaded = run if isinstance(run, Run) else load_run(run, tasks=tasks, allow_subset=True)  # labelled a pilot
     configs = json.loads(loaded.path.read_text(encoding="utf-8"))["configs"]
     audited, skipped = {}, {}
     selected = loaded.tasks if tasks is None or not isinstance(run, Run) else {t: loaded.tasks[t] for t in tasks}

@@ -68,6 +68,31 @@ def stat_options(args):
     return StatOptions(**{f.name: getattr(args, f.name) for f in fields(StatOptions) if hasattr(args, f.name)})
 
 
+def metric_value(text: str) -> tuple[str | None, float]:
+    """``"0.02"`` or ``"nll_per_byte=0.005"``: an optional lm-eval metric name and a number."""
+    name, sep, number = text.rpartition("=")
+    try:
+        return (name.strip() if sep else None), float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number or METRIC=NUMBER, e.g. nll_per_byte=0.005") from None
+
+
+def add_margin_option(parser) -> None:
+    """``--margin [METRIC=]VALUE`` (repeatable): the accuracy margin, or a named metric's in its unit."""
+    parser.add_argument("--margin", action="append", type=metric_value, default=[], metavar="[METRIC=]VALUE",
+                        help="equivalence margin: a bare VALUE is the accuracy margin, a fraction (default 0.02, A.5's "
+                        "±2 points); METRIC=VALUE a metric's own, in its unit (e.g. nll_per_byte=0.005). A continuous "
+                        "metric without one gets no equivalence verdict. Repeatable")
+
+
+def margin_options(args) -> tuple[float | None, dict[str, float]]:
+    """The accuracy margin (``None``: not given) and the named metrics' margins of ``--margin``."""
+    bare = [v for name, v in args.margin if name is None]
+    if len(bare) > 1:
+        raise ValueError(f"--margin given {len(bare)} bare values; give the accuracy margin once")
+    return (bare[0] if bare else None), {name: v for name, v in args.margin if name is not None}
+
+
 def add_reading_options(p) -> None:
     """How runs are read: a pilot's subset, and verdicts from cut responses (compare, report, score-audit)."""
     p.add_argument("--allow-subset", action="store_true",

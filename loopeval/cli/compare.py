@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from loopeval.cli._common import add_reading_options, add_stat_options
+from loopeval.cli._common import add_margin_option, add_reading_options, add_stat_options, margin_options
 
 
 def add(sub) -> None:
@@ -13,10 +13,13 @@ def add(sub) -> None:
         help="paired statistics of two lm-eval runs: bootstrap, McNemar, TOST",
         description=(
             "Compare CANDIDATE with BASELINE item by item, per task and on the macro (unweighted mean over "
-            "leaf tasks): accuracies, difference in points, paired-bootstrap 95%% interval and two-sided p, "
-            "exact McNemar p on 0/1 tasks, and TOST equivalence (the paper's 90%% interval inside +-2 points). A run is an "
-            "lm-eval --output_path folder, its model folder or a results_*.json file written with --log_samples. "
-            "Exit status 2, with the reason on stderr, when the runs cannot be paired."
+            "leaf tasks of one kind of metric): scores and differences in each metric's unit (points for a 0/1 "
+            "accuracy, nats per byte for gsm8k_nll ...), paired-bootstrap 95%% interval and two-sided p, "
+            "exact McNemar p on 0/1 tasks, and TOST equivalence (the paper's 90%% interval inside +-2 points for "
+            "accuracies; a continuous metric's margin only with --margin METRIC=VALUE). Runs that decode differently "
+            "(chat template, settings, prompts) have their outcomes withheld unless --intended names the difference. "
+            "A run is an lm-eval --output_path folder, its model folder or a results_*.json file written with "
+            "--log_samples. Exit status 2, with the reason on stderr, when the runs cannot be paired."
         ),
     )
     p.add_argument("baseline", help="baseline run (e.g. the twin)")
@@ -29,6 +32,10 @@ def add(sub) -> None:
     p.add_argument("--family", type=int, metavar="K", help="Bonferroni-adjust every interval for a family of K")
     p.add_argument("--cluster-field", metavar="FIELD", help="resample clusters of items sharing this doc field")
     add_stat_options(p, "cost", "n_resamples", "seed")
+    add_margin_option(p)
+    p.add_argument("--intended", nargs="+", default=[], metavar="NAME",
+                   help="differences between the runs that are intended (a setting such as chat_template_sha, or "
+                   "prompts, generation_kwargs, task_version): the outcomes are shown despite them")
     add_reading_options(p)
     p.set_defaults(func=run)
 
@@ -38,10 +45,12 @@ def run(args) -> int:
 
     from loopeval.analysis.compared import compare_runs
 
+    margin, margins = margin_options(args)
     result = compare_runs(args.baseline, args.candidate, metric=args.metric, tasks=args.tasks,
                           cluster_field=args.cluster_field, cost=args.cost, test=args.test, family=args.family,
                           n_resamples=args.n_resamples, seed=args.seed, allow_subset=args.allow_subset,
-                          unfinished_fallback=args.unfinished_fallback)
+                          unfinished_fallback=args.unfinished_fallback, margin=margin, margins=margins,
+                          intended=args.intended)
     for note in result.notes:
         print(f"warning: {note}", file=sys.stderr)
     print(json.dumps(result.as_dict(), indent=2) if args.json else result)

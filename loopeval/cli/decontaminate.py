@@ -26,8 +26,10 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    from loopeval.common.outputs import check_outputs
     from loopeval.training.decontamination import DEFAULT_N, PAPER_TEST_SETS, decontaminate
 
+    check_outputs({"--out": args.out, "--removed": args.removed}, [args.data, *(args.include_path or [])])
     result = decontaminate(args.data, out=args.out, against=args.against or PAPER_TEST_SETS,
                            n=args.n if args.n is not None else DEFAULT_N, include_path=args.include_path,
                            removed=args.removed, overwrite=args.overwrite)

@@ -8,7 +8,8 @@ def add(sub) -> None:
         "import-gguf",
         help="write a GGUF model file as a float Hugging Face checkpoint folder",
         description="Dequantises the GGUF file with transformers and saves config, safetensors weights, tokenizer "
-        "and chat template, a folder every loopeval command and lm_eval --model looped take.",
+        "and chat template (when the GGUF has one: a warning says when not), a folder every loopeval command "
+        "and lm_eval --model looped take.",
     )
     p.add_argument("file", help="the .gguf file")
     p.add_argument("--out", required=True, help="the checkpoint folder to write (must not exist, or be empty)")
@@ -18,7 +19,11 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from loopeval.core.gguf import import_gguf
+    import json
 
-    print(f"wrote {import_gguf(args.file, args.out, dtype=args.dtype)}")
+    from loopeval.core.gguf import IMPORT_RECORD, import_gguf
+
+    out = import_gguf(args.file, args.out, dtype=args.dtype)
+    record = json.loads((out / IMPORT_RECORD).read_text())
+    print(f"wrote {out} (chat template: {'from the GGUF' if record['chat_template'] else 'none'})")
     return 0

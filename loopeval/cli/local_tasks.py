@@ -8,7 +8,7 @@ def add(sub) -> None:
         "local-tasks",
         help="write task overrides that read loopeval's tasks from a local copy of their data",
         description="For every task in tasks/ whose files are under DATA (DATA/<repo>/[<config>/]<split>.jsonl, "
-        ".json, .parquet or .csv, or <split>-*.<ext> shards; see docs/tasks.md), writes a task of the same name "
+        ".json, .parquet or .csv, or the hub's <split>-00000-of-00002.<ext> shards; see docs/tasks.md), writes a task of the same name "
         "that reads them. Pass the folder to lm_eval --include_path.",
     )
     p.add_argument("--data", required=True, help="the local data folder")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from loopeval.cli._common import add_reading_options, add_stat_options
+from loopeval.cli._common import add_margin_option, add_reading_options, add_stat_options, margin_options
 
 
 def add(sub) -> None:
@@ -37,7 +37,8 @@ def add(sub) -> None:
     p.add_argument("--latex", action="store_true", help="also write every table as LaTeX (booktabs) beside the report")
     p.add_argument("--title")
     p.add_argument("--default-scale", type=float, default=1.0, help="the budget scale of the Δparam test (default 1)")
-    add_stat_options(p, "cost", "selection", "alpha", "margin", "n_resamples", "seed", flags={"seed": "--bootstrap-seed"})
+    add_stat_options(p, "cost", "selection", "alpha", "n_resamples", "seed", flags={"seed": "--bootstrap-seed"})
+    add_margin_option(p)
     p.add_argument("--strict", action="store_true", help="fail instead of warning when a fairness check fails")
     add_reading_options(p)
     p.set_defaults(func=run)
@@ -60,6 +61,7 @@ def run(args) -> int:
     from loopeval.common.outputs import check_outputs
     from loopeval.common.paths import reports_path
     from loopeval.analysis.report import RunSpec, build_report, check_output, write_report
+    from loopeval.analysis.stats.options import DEFAULTS
 
     out = check_output(args.out)  # before any work
     if args.json:
@@ -80,10 +82,12 @@ def run(args) -> int:
     def spec(run: str) -> RunSpec:
         return RunSpec(run, seed=seeds.get(run), variant=variants.get(run))
 
+    margin, margins = margin_options(args)
     data = build_report(
         [spec(r) for r in args.twin], [spec(r) for r in args.looped], larger=spec(args.larger) if args.larger else None,
         sizes=tuple(args.sizes) if args.sizes else None, default_scale=args.default_scale, cost=args.cost,
-        selection=args.selection, alpha=args.alpha, margin=args.margin, training_pairs=[tuple(pair) for pair in args.training],
+        selection=args.selection, alpha=args.alpha, margin=DEFAULTS.margin if margin is None else margin,
+        margins=margins, training_pairs=[tuple(pair) for pair in args.training],
         serve_cost=args.serve_cost, wall_clock=args.wall_clock, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.seed,
         allow_subset=args.allow_subset, unfinished_fallback=args.unfinished_fallback,

@@ -38,8 +38,10 @@ def _batch_sizes(text: str):
 
 
 def run(args) -> int:
+    from loopeval.common.outputs import check_outputs
     from loopeval.evaluation.serving import serve_cost
 
+    check_outputs({"--out": args.out}, args.model)
     result = serve_cost(args.model, loop=args.loop, **loop_options(args), prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile, cache=args.cache,
                         device=args.device, dtype=args.dtype, out=args.out)

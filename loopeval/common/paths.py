@@ -24,3 +24,15 @@ def tasks_path() -> Path:
 def reports_path() -> Path:
     """The folder of Jinja2 report templates."""
     return _shipped("reports")
+
+
+def installed_folders() -> list[Path]:
+    """loopeval's own folders (the package, ``tasks/``, ``reports/``, ``model_adapters/``):
+    no command writes into them (``loopeval.common.outputs.check_outputs``)."""
+    folders = [_PACKAGE]
+    for name in ("tasks", "reports", "model_adapters"):
+        try:
+            folders.append(_shipped(name))
+        except FileNotFoundError:  # model_adapters/ is a package of its own in a wheel
+            continue
+    return folders

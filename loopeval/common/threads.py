@@ -1,47 +1,49 @@
 """How many intra-op threads loopeval's own entry points give torch.
 
-torch starts one OpenMP thread per core. When another job holds some of those cores,
-every parallel region waits for a descheduled thread, and a step becomes 15-25x slower
-(docs/benchmarks.md, "Threads"). ``configure_threads`` is called once at the start of
-``demo``, ``train``, ``place``, ``serve-cost``, each protocol worker and the looped
-lm-eval model:
+The count changes float reduction order (torch's parallel sums, MKL's small matrix
+products), hence outputs: a greedy response, a trained weight, a placement score. So a
+run's count is decided once, at its start, before any weights load, and never from the
+machine's load, so that a run's outputs do not depend on other processes.
+``configure_threads`` is called once at the start of ``demo``, ``train``, ``place``,
+``serve-cost``, each protocol worker and the looped lm-eval model:
 
 * the user's choice stands: ``LOOPEVAL_THREADS``, ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the
-  environment, or a ``torch.set_num_threads`` made before the call (a count other than
+  environment (a whole number from 1 to ``MAX_PER_CORE`` times the available cores, else
+  refused), or a ``torch.set_num_threads`` made before the call (a count other than
   torch's default, one per available core);
-* otherwise the cores that are free now: available cores (CPU affinity) less the cores
-  other processes used over a short sample of ``/proc/stat`` (this process's own CPU
-  time is not counted against it), at least one, shared evenly by ``workers`` processes.
-  Where ``/proc/stat`` cannot be read, the 1-minute load average stands in for the sample.
+* otherwise torch's own default, one thread per available core (what ``--model hf``
+  uses), shared evenly by ``workers`` processes.
 
-Long loops (training steps, placement candidates) call ``adjust_threads`` as they go: a
-policy choice is re-measured over the time since the last look (every
-``RECHECK_SECONDS`` at most, no extra waiting), so a job that starts next to loopeval
-later takes its threads back within seconds, and they return when it ends. The first
-``configure_threads`` in a process decides the source; later calls return the current
-choice.
+Other processes on the machine slow a run that uses every core (a descheduled thread
+holds up each parallel region; docs/benchmarks.md, "Threads"); when a short sample of
+``/proc/stat`` finds them busy at the start, a warning names an ``OMP_NUM_THREADS`` that
+would leave them their cores (set for every run compared: ``--model hf`` honours it too). The count stays as decided: the user picks speed or
+agreement with runs made on an idle machine.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import time
+import warnings
 from dataclasses import dataclass
 
 ENV_VARS = ("LOOPEVAL_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+MAX_PER_CORE = 4
+"""A thread count above this many per available core is refused (oversubscription only
+slows, and a count in the thousands crashes torch's thread pool)."""
 SAMPLE_SECONDS = 0.25
-"""How long ``configure_threads`` watches the machine before choosing."""
-RECHECK_SECONDS = 2.0
-"""The shortest interval between two looks of ``adjust_threads``."""
+"""How long ``configure_threads`` watches the machine before warning of other processes."""
 SLACK = 0.25
-"""Cores other processes may use without taking a thread away (system noise)."""
+"""Cores other processes may use without a warning (system noise)."""
 
 
 @dataclass(frozen=True)
 class ThreadChoice:
     """``threads`` torch uses; ``source`` is ``"LOOPEVAL_THREADS"``, ``"OMP_NUM_THREADS"``,
-    ``"MKL_NUM_THREADS"``, ``"torch.set_num_threads"`` (the caller's) or ``"policy"``;
+    ``"MKL_NUM_THREADS"``, ``"torch.set_num_threads"`` (the caller's) or ``"default"``;
     ``reason`` says why."""
 
     threads: int
@@ -53,8 +55,6 @@ class ThreadChoice:
 
 
 _CHOICE: ThreadChoice | None = None
-_WORKERS = 1
-_LAST: tuple[float, float, float, float] | None = None  # wall, busy jiffies, all jiffies, own CPU s
 
 
 def available_cores() -> int:
@@ -63,6 +63,34 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def check_threads(value, name: str = "threads") -> int:
+    """``value`` (an int, or the text of one) as a thread count, or ``ValueError`` naming
+    ``name``: a whole number from 1 to ``MAX_PER_CORE`` times the available cores."""
+    n = None
+    if isinstance(value, str):
+        try:
+            n = int(value.strip())
+        except ValueError:
+            pass
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        n = int(value)
+    limit = MAX_PER_CORE * available_cores()
+    if n is None or not 1 <= n <= limit:
+        raise ValueError(f"{name}={value!r}: expected a whole number of threads from 1 to {limit} "
+                         f"({MAX_PER_CORE} per available core)")
+    return n
+
+
+def requested_threads() -> tuple[int, str] | None:
+    """The user's thread count from the environment and the variable that set it, checked
+    (``check_threads``); None when no variable is set."""
+    for name in ENV_VARS:
+        value = os.environ.get(name, "")
+        if value.strip():
+            return check_threads(value, name), name
+    return None
 
 
 def _snapshot() -> tuple[float, float, float, float] | None:
@@ -90,89 +118,45 @@ def others_busy(before, after) -> float:
     return max(0.0, machine - own)
 
 
-def free_cores(others: float | None = None) -> tuple[int, str]:
-    """Available cores less those other processes use (sampled for ``SAMPLE_SECONDS`` when
-    ``others`` is not given), at least one, and how it was measured."""
-    global _LAST
-    if others is None:
-        before = _snapshot()
-        if before is not None:
-            time.sleep(SAMPLE_SECONDS)
-            _LAST = _snapshot()
-            others = others_busy(before, _LAST)
-    if others is None:
-        try:
-            others, how = os.getloadavg()[0], "1-min load average"
-        except (AttributeError, OSError):
-            others, how = 0.0, "no load measure"
-    else:
-        how = f"other processes busy on {others:.2f} cores"
-    cores = available_cores()
-    taken = max(0, math.ceil(others - SLACK))
-    return max(1, min(cores, cores - taken)), how
-
-
-def policy_threads(*, workers: int = 1, others: float | None = None) -> tuple[int, str]:
-    """The policy's count and its reason, without the user's settings."""
-    free, how = free_cores(others)
-    n = max(1, free // max(1, workers))
-    return n, f"{free} of {available_cores()} cores free ({how})" + (
-        f", shared by {workers} workers" if workers > 1 else "")
+def busy_elsewhere() -> float | None:
+    """Cores other processes keep busy over a ``SAMPLE_SECONDS`` sample; None without /proc/stat."""
+    before = _snapshot()
+    if before is None:
+        return None
+    time.sleep(SAMPLE_SECONDS)
+    return others_busy(before, _snapshot())
 
 
 def configure_threads(*, workers: int = 1) -> ThreadChoice:
     """Set torch's intra-op thread count once per process and return the choice;
-    ``workers`` is the number of processes sharing the cores."""
-    global _CHOICE, _WORKERS
-    import torch
-
+    ``workers`` is the number of processes sharing the cores. A bad environment value is
+    refused (``ValueError``) before torch is touched."""
+    global _CHOICE
     if _CHOICE is not None:
         return _CHOICE
-    for name in ENV_VARS:
-        value = os.environ.get(name, "").strip()
-        if value:
-            try:
-                n = int(value)
-            except ValueError:
-                raise ValueError(f"{name}={value!r}: expected a whole number of threads >= 1") from None
-            if n < 1:
-                raise ValueError(f"{name}={value!r}: expected a whole number of threads >= 1")
-            torch.set_num_threads(n)
-            _CHOICE = ThreadChoice(n, name, f"{name}={n} in the environment")
-            return _CHOICE
+    requested = requested_threads()
+    import torch
+
+    if requested is not None:
+        n, name = requested
+        torch.set_num_threads(n)
+        _CHOICE = ThreadChoice(n, name, f"{name}={n} in the environment")
+        return _CHOICE
     current = torch.get_num_threads()
-    if current != available_cores():
+    cores = available_cores()
+    if current != cores:
         _CHOICE = ThreadChoice(current, "torch.set_num_threads", f"set to {current} before loopeval started")
         return _CHOICE
-    _WORKERS = workers
-    n, reason = policy_threads(workers=workers)
+    n = max(1, cores // max(1, workers))
     torch.set_num_threads(n)
-    _CHOICE = ThreadChoice(n, "policy", reason)
-    return _CHOICE
-
-
-def adjust_threads() -> ThreadChoice | None:
-    """Re-measure a policy choice over the time since the last look (at most every
-    ``RECHECK_SECONDS``) and set torch's count to the cores free now. A user's setting,
-    or no ``configure_threads`` yet, is left alone (returns None)."""
-    global _CHOICE, _LAST
-    if _CHOICE is None or _CHOICE.source != "policy":
-        return None
-    now = time.monotonic()
-    if _LAST is not None and now - _LAST[0] < RECHECK_SECONDS:
-        return _CHOICE
-    snap = _snapshot()
-    if snap is None:
-        return _CHOICE
-    if _LAST is None:
-        _LAST = snap
-        return _CHOICE
-    others = others_busy(_LAST, snap)
-    _LAST = snap
-    n, reason = policy_threads(workers=_WORKERS, others=others)
-    if n != _CHOICE.threads:
-        import torch
-
-        torch.set_num_threads(n)
-        _CHOICE = ThreadChoice(n, "policy", reason)
+    _CHOICE = ThreadChoice(n, "default", f"one per available core ({cores})"
+                           + (f", shared by {workers} workers" if workers > 1 else ""))
+    others = busy_elsewhere()
+    taken = 0 if others is None else max(0, math.ceil(others - SLACK))
+    free = max(1, (cores - taken) // max(1, workers))
+    if free < n:
+        warnings.warn(f"other processes keep {others:.1f} of {cores} cores busy; torch uses {n} thread(s) "
+                      f"regardless, so outputs match an idle machine's but run slower. OMP_NUM_THREADS={free} "
+                      "would leave them their cores; a count changes float rounding, so set it for every run "
+                      "you compare (lm_eval --model hf honours it too)", RuntimeWarning, stacklevel=2)
     return _CHOICE

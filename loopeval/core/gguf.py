@@ -5,7 +5,8 @@ dequantises its weights to float, but the model it returns is marked as quantise
 ("quantized with gguf and is not serializable"), so ``save_pretrained`` refuses it.
 :func:`import_gguf` rebuilds the model from its config without the GGUF marks, loads the
 dequantised state dict into it and saves a plain checkpoint folder (config, safetensors
-weights, tokenizer, chat template if the file has one, generation config), which
+weights, tokenizer, chat template if the file has one, generation config, and
+``gguf_import.json``: the source file and whether it carried a chat template), which
 ``load_model``, ``lm_eval --model looped``, ``place``, ``train`` and ``serve-cost`` take
 like any other. The weights are exactly the dequantised ones at ``dtype="float32"``
 (transformers' own GGUF load), rounded once at ``bfloat16``/``float16``.
@@ -13,18 +14,32 @@ like any other. The weights are exactly the dequantised ones at ``dtype="float32
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
+
+from loopeval.common.outputs import check_not_installed
+from loopeval.core.gguf_header import check_header
 
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
+IMPORT_RECORD = "gguf_import.json"
+
+
+def chat_template_fix(folder: str | Path) -> str:
+    """How to give a checkpoint folder without a chat template one."""
+    return (f"put the model family's chat template (Jinja text) in {Path(folder) / 'chat_template.jinja'}, "
+            "or evaluate without --apply_chat_template")
 
 
 def check_gguf(file: str | Path) -> Path:
-    """``file`` as a path, or ``ValueError`` if it is missing or not a GGUF file (its first
-    four bytes are not ``GGUF``)."""
+    """``file`` as a path, or ``ValueError`` if it is missing, not a GGUF file (its first
+    four bytes are not ``GGUF``), or a damaged one: its header, metadata and tensor table
+    are checked against the file size and its architecture
+    (:func:`loopeval.core.gguf_header.check_header`)."""
     path = Path(file)
     if not path.is_file():
         raise ValueError(f"{file}: no such GGUF file")
@@ -32,28 +47,39 @@ def check_gguf(file: str | Path) -> Path:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ValueError(f"{file}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+    check_header(path)
     return path
 
 
 def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") -> Path:
     """Write the model in the GGUF ``file`` as a float Hugging Face checkpoint folder ``out``.
 
-    Refused before any loading: a missing file, a file that is not GGUF, an unknown
-    ``dtype`` and an ``out`` that exists and is not empty. The folder is written beside
-    ``out`` and renamed into place, so a failed import leaves no partial checkpoint.
+    Refused before any loading: an unknown ``dtype``, an ``out`` that exists and is not
+    empty or lies in loopeval's installed folders, a file that is missing, not GGUF or
+    damaged (:func:`check_gguf`); after the conversion, before anything is written, a file
+    whose tensors leave weights of its architecture's model unset. The folder is written
+    beside ``out`` and renamed into place, so a failed import leaves no partial checkpoint.
+    A GGUF without a chat template (Gemma 3 270M's) is imported with a warning that names the fix.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = check_gguf(file).resolve()
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty folder; choose another --out")
+    check_not_installed(out, "--out")
+    path = check_gguf(file).resolve()
     folder, name = path.parent, path.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    loaded, info = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                        output_loading_info=True)
+    _check_loaded(file, loaded, info)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if not has_template:
+        warnings.warn(f"{file}: the GGUF carries no chat template, so {out} has none and lm_eval "
+                      f"--apply_chat_template will refuse it; {chat_template_fix(out)}", stacklevel=2)
     config = loaded.config
     for attr in ("quantization_config", "gguf_file"):
         if hasattr(config, attr):
@@ -76,6 +102,8 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        record = {"gguf": name, "bytes": path.stat().st_size, "dtype": dtype, "chat_template": has_template}
+        (staging / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -83,3 +111,14 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _check_loaded(file, model, info: dict) -> None:
+    """Refuse a GGUF whose tensors leave weights of its architecture's model unset
+    (transformers would initialise them at random): e.g. a Llama file labelled ``qwen2``
+    lacks Qwen2's attention biases."""
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    missing = sorted(set(info.get("missing_keys") or ()) - tied)
+    if missing:
+        raise ValueError(f"{file}: its tensors do not make a {model.config.model_type} model: {len(missing)} weights "
+                         f"are missing (e.g. {missing[0]}); is general.architecture right?")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from pathlib import Path
 
+from loopeval.common.jsonl import append_jsonl, repair_tail
 from loopeval.common.schema import check_fields
 
 FORMAT = 1
@@ -44,6 +44,7 @@ class ResponseStore:
     def _load(self) -> None:
         from loopeval.evaluation.decoding import RowOutcome
 
+        repair_tail(self.path)  # a line cut by a crash goes to loopeval_responses.jsonl.cut; that row is generated again
         try:
             lines = self.path.read_text(encoding="utf-8").split("\n")
         except UnicodeDecodeError as exc:
@@ -61,9 +62,6 @@ class ResponseStore:
                 check_fields(RowOutcome, outcome)
                 self.rows[rec["key"]] = {"generated": generated, "outcome": outcome, "prompt_tokens": prompt_tokens}
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                if lineno >= len(lines) - 1:  # the last line, cut by a kill: that row is generated again
-                    warnings.warn(f"{self.path}:{lineno}: ignoring a cut last line ({exc})", stacklevel=3)
-                    continue
                 raise ValueError(f"{self.path}:{lineno}: corrupt response-store line ({exc})") from None
 
     def batch(self, keys: list[str]) -> list[dict] | None:
@@ -73,9 +71,9 @@ class ResponseStore:
         return [self.rows[k] for k in keys]
 
     def add(self, rows: list[tuple[str, list[int], dict, int]]) -> None:
-        """Append ``(key, generated ids, outcome, prompt tokens)`` rows and flush them."""
-        with self.path.open("a", encoding="utf-8") as f:
-            for key, generated, outcome, prompt_tokens in rows:
-                self.rows[key] = {"generated": generated, "outcome": outcome, "prompt_tokens": prompt_tokens}
-                f.write(json.dumps({"key": key, "generated": generated, "outcome": outcome,
-                                    "prompt_tokens": prompt_tokens}) + "\n")
+        """Append ``(key, generated ids, outcome, prompt tokens)`` rows, each on its own line."""
+        records = [{"key": key, "generated": generated, "outcome": outcome, "prompt_tokens": prompt_tokens}
+                   for key, generated, outcome, prompt_tokens in rows]
+        append_jsonl(self.path, records)
+        for rec in records:
+            self.rows[rec["key"]] = {k: rec[k] for k in ("generated", "outcome", "prompt_tokens")}

@@ -26,12 +26,15 @@ Timings synchronise CUDA before reading the clock. Times are medians over ``repe
 with their min and max.
 
 Each ratio comes with its spread: the repeats are interleaved (every repeat times each
-model in turn), so repeat k gives one candidate / baseline ratio, and the median and range
-of those per-repeat ratios show how much the machine moved during the measurement.
-:meth:`ServeCost.checks` flags a ratio whose whole range lies outside what c allows (a
-looped model cannot decode faster than its unlooped base, nor, memory-bound, slower than c
-times): such a figure is unreliable, most likely from load by other processes on the
-machine, and more repeats on an idle machine are suggested (:data:`PLAUSIBLE_SLACK`).
+model in turn), so repeat k gives one candidate / baseline ratio; the ratio shown
+everywhere (headline, notes, JSON, report) is the median of those per-repeat ratios, and
+their range shows how much the machine moved during the measurement.
+:meth:`ServeCost.checks` marks latency, prefill and throughput ratios unreliable, with the
+reason, when the median lies outside what c allows (a loop that adds layer passes cannot
+decode or prefill faster than its unlooped base, nor slower than c times;
+:data:`PLAUSIBLE_SLACK`) or when the per-repeat range is wider than :data:`NOISY_SPREAD`
+of the median: most likely load by other processes on the machine; more repeats on an
+idle machine are suggested.
 """
 
 from __future__ import annotations
@@ -56,11 +59,24 @@ FORMAT = 1
 
 AUTO_MAX_BATCH = 65536  # the doubling search's ceiling
 PLAUSIBLE_SLACK = 0.05
-"""A latency ratio is plausible in ``[1 − slack, c (1 + slack)]`` and a throughput ratio in
-``[1 / (c (1 + slack)), 1 + slack]``: looping adds layer passes, so it cannot make decoding
-faster, and it adds at most c times the work. Timing overheads outside the layers (sampling,
-the LM head, Python) keep a real ratio inside; the slack absorbs rounding."""
-NOISY_SPREAD = 0.25  # per-repeat ratios whose range exceeds 25% of their median are called noisy
+"""A latency or prefill ratio is plausible between 1 and c, widened by the slack (``[1 − slack,
+c (1 + slack)]`` for c >= 1), and a throughput ratio between their reciprocals: the layers'
+work scales by c, the work outside them (sampling, the LM head, Python) stays, so a real
+ratio lies between the two; the slack absorbs rounding."""
+NOISY_SPREAD = 0.25
+"""Per-repeat ratios whose range exceeds this share of their median are unreliable (noisy)."""
+CHECKED = ("latency", "prefill", "throughput")
+"""The timed ratios :meth:`ServeCost.checks` checks."""
+STATISTIC = "median of the per-repeat candidate / baseline ratios (repeats interleaved)"
+
+
+def plausible_range(name: str, c: float, *, same_batch: bool = True) -> tuple[float, float]:
+    """What c allows for the timed ratio ``name`` (:data:`PLAUSIBLE_SLACK`). Throughput read
+    at two different batches (``auto`` fitting fewer looped rows) has no lower bound."""
+    low, high = min(1.0, c) * (1 - PLAUSIBLE_SLACK), max(1.0, c) * (1 + PLAUSIBLE_SLACK)
+    if name == "throughput":
+        return (1 / high if same_batch else 0.0), 1 / low
+    return low, high
 CPU_AUTO_GAIN = 1.05  # on CPU, auto doubles while throughput rises by at least 5%
 CPU_AUTO_MEMORY_SHARE = 0.5  # ... and the estimated cache fits in half the available memory
 
@@ -167,15 +183,15 @@ class ServeCost:
         return self.models[0]
 
     def ratios(self, candidate: int = 1) -> dict[str, float]:
-        """Candidate / baseline: latency, throughput (each at its own ``max_batch``), peak
-        memory, KV bytes per token, and the cost multipliers c (layer passes) and FLOPs."""
+        """Candidate / baseline: latency, prefill, throughput (each at its own ``max_batch``;
+        these three the :data:`STATISTIC`), peak memory, KV bytes per token, and the cost
+        multipliers c (layer passes) and FLOPs."""
         a, b = self.baseline, self.models[candidate]
+        timed = self.ratio_spreads(candidate)
         return {
             "multiplier": b.passes / a.passes,
             "flop_multiplier": b.generation_flops / a.generation_flops,
-            "latency": b.latency_s.median / a.latency_s.median,
-            "prefill": b.prefill_s.median / a.prefill_s.median,
-            "throughput": b.max_throughput / a.max_throughput,
+            **{name: timed[name].median for name in CHECKED},
             "memory": b.peak_memory_bytes / a.peak_memory_bytes,
             "kv_bytes_per_token": b.kv_bytes_per_token / a.kv_bytes_per_token if a.kv_bytes_per_token else math.nan,
         }
@@ -189,31 +205,29 @@ class ServeCost:
         return {name: Spread.of([y / x for x, y in zip(sa.samples, sb.samples)]) for name, (sa, sb) in pairs.items()}
 
     def checks(self, candidate: int = 1) -> list[RatioCheck]:
-        """Latency and throughput ratios against what c allows (:data:`PLAUSIBLE_SLACK`): a
-        ratio whose per-repeat range lies wholly outside is unreliable; a wide range is noisy."""
+        """Latency, prefill and throughput ratios: unreliable when the median of the
+        per-repeat ratios lies outside what c allows (:func:`plausible_range`), or when
+        their range exceeds :data:`NOISY_SPREAD` of that median; ``note`` says which."""
         c = self.ratios(candidate)["multiplier"]
         spreads = self.ratio_spreads(candidate)
-        allowed = {"latency": (1 - PLAUSIBLE_SLACK, c * (1 + PLAUSIBLE_SLACK)),
-                   "throughput": (1 / (c * (1 + PLAUSIBLE_SLACK)), 1 + PLAUSIBLE_SLACK)}
         repeats = len(spreads["latency"].samples)
         more = f"rerun with more repeats (--repeats {max(2 * repeats, 10)}) on an idle machine"
         out = []
-        for name, (low, high) in allowed.items():
-            r = spreads[name]
-            faster = name == "latency" and r.high < low or name == "throughput" and r.low > high
-            outside = r.high < low or r.low > high
-            noisy = (r.high - r.low) > NOISY_SPREAD * r.median
-            if outside:
-                why = "faster than the unlooped model" if faster else "slower than c allows"
-                note = (f"unreliable: {name} per repeat {r.low:.3f} to {r.high:.3f} (median {r.median:.3f}) says the looped "
+        for name in CHECKED:
+            same = self.baseline.max_batch == self.models[candidate].max_batch
+            r, (low, high) = spreads[name], plausible_range(name, c, same_batch=same)
+            slower = r.median < low if name == "throughput" else r.median > high
+            if not low <= r.median <= high:
+                why = "slower than c allows" if slower else "faster than the unlooped model"
+                note = (f"unreliable: {name} x{r.median:.3f} (per repeat {r.low:.3f} to {r.high:.3f}) says the looped "
                         f"model is {why} (c = {c:.3f} allows {low:.3f} to {high:.3f}); likely cause: load from other "
                         f"processes on the machine during the measurement; {more}")
-            elif noisy:
-                note = (f"noisy: {name} ratios per repeat range {r.low:.3f} to {r.high:.3f} (their median "
-                        f"{r.median:.3f}); {more}")
+            elif r.high - r.low > NOISY_SPREAD * r.median:
+                note = (f"unreliable: {name} x{r.median:.3f} from per-repeat ratios {r.low:.3f} to {r.high:.3f}, a range "
+                        f"over {NOISY_SPREAD:.0%} of the median: the machine's speed moved during the measurement; {more}")
             else:
                 note = ""
-            out.append(RatioCheck(name, r, (low, high), not outside, note))
+            out.append(RatioCheck(name, r, (low, high), not note, note))
         return out
 
     def to_dict(self) -> dict:
@@ -226,8 +240,9 @@ class ServeCost:
                 "ratios": [self.ratios(i) for i in range(1, len(self.models))],
                 "ratio_spreads": [{k: asdict(v) for k, v in self.ratio_spreads(i).items()}
                                   for i in range(1, len(self.models))],
-                "checks": [[{"name": c.name, "reliable": c.reliable, "note": c.note} for c in self.checks(i)]
-                           for i in range(1, len(self.models))]}
+                "ratio_statistic": STATISTIC,
+                "checks": [[{"name": c.name, "ratio": c.ratio.median, "allowed": list(c.allowed), "reliable": c.reliable,
+                             "note": c.note} for c in self.checks(i)] for i in range(1, len(self.models))]}
 
     def write(self, out: str | Path) -> Path:
         """Write ``out/serve_cost.json`` and return its path."""
@@ -262,11 +277,13 @@ class ServeCost:
                  f"{m.kv_bytes_per_token:,}", f"{m.memory_growth_per_token:,.0f}") for m in self.models]
         lines = [f"{s.get('device')}, {s.get('dtype')}, {s.get('prompt_tokens')} prompt + {s.get('new_tokens')} new "
                  f"tokens, {s.get('cache')} cache{', compiled' if s.get('compile') else ''}, {s.get('repeats')} "
-                 f"repeats (medians); batch sizes {s.get('batch_sizes')}", "", table(header, rows, text_columns=2)]
+                 f"repeats (medians); batch sizes {s.get('batch_sizes')}", "", table(header, rows, text_columns=2),
+                 "", f"ratios: the {STATISTIC}"]
         for i, m in enumerate(self.models[1:], 1):
             r = self.ratios(i)
-            shown = {name: f"{name} x{r[name]:.3f} [per repeat {x.low:.3f}, {x.high:.3f}]"
-                     for name, x in self.ratio_spreads(i).items()}
+            unreliable = {c.name for c in self.checks(i) if not c.reliable}
+            shown = {name: f"{name} x{r[name]:.3f}{' UNRELIABLE' if name in unreliable else ''} "
+                           f"[per repeat {x.low:.3f}, {x.high:.3f}]" for name, x in self.ratio_spreads(i).items()}
             lines += ["", f"{m.name} / {self.baseline.name}:  c = {r['multiplier']:.3f}  FLOPs x{r['flop_multiplier']:.3f}",
                       f"  {shown['latency']}   {shown['throughput']}   {shown['prefill']}",
                       f"  memory x{r['memory']:.3f}   KV/token x{r['kv_bytes_per_token']:.3f}"]
@@ -424,6 +441,13 @@ class _Meter:
         self.generator = torch.Generator().manual_seed(seed)
         self.vocab_size = vocab_size
         self.prompts: dict[int, object] = {}
+        self.bar = None  # a tqdm bar counting generated tokens, set by serve_cost
+
+    def planned(self, tokens: int) -> None:
+        """Add generations of ``tokens`` generated tokens in all to the bar's total."""
+        if self.bar is not None:
+            self.bar.total += tokens
+            self.bar.refresh()
 
     def prompt(self, batch: int):
         """The same random prompt rows for every model (special ids below 16 avoided)."""
@@ -439,9 +463,12 @@ class _Meter:
     def generate(self, model, batch: int, new_tokens: int, **extra):
         ids = self.prompt(batch)
         with self.torch.no_grad():
-            return model.generate(ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=new_tokens,
-                                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=self.pad,
-                                  **self.options, **extra)
+            out = model.generate(ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=self.pad,
+                                 **self.options, **extra)
+        if self.bar is not None:
+            self.bar.update(batch * new_tokens)
+        return out
 
     def seconds(self, model, batch: int, new_tokens: int) -> float:
         self._sync()
@@ -454,6 +481,7 @@ class _Meter:
         return elapsed
 
     def fits(self, model, batch: int, new_tokens: int) -> bool:
+        self.planned(batch * new_tokens)  # the search's length is not known in advance
         try:
             self.seconds(model, batch, new_tokens)
             return True
@@ -545,6 +573,7 @@ def _auto_batch(meter: _Meter, model, new_tokens: int, *, cache_bytes_per_row: i
     while batch <= AUTO_MAX_BATCH:
         if available is not None and batch * cache_bytes_per_row > CPU_AUTO_MEMORY_SHARE * available:
             break
+        meter.planned(batch * new_tokens)  # as in fits()
         rate = batch * new_tokens / meter.seconds(model, batch, new_tokens)
         if best_rate and rate < CPU_AUTO_GAIN * best_rate:
             break
@@ -588,10 +617,10 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     sources = list(models) if isinstance(models, (list, tuple)) else [models]
     loop = _loop_with_options(loop, loop_options)
     _check_sources(sources, loop, prompt_tokens + new_tokens)
-    loaded = _load(sources, loop, dtype, device)
     from loopeval.common.threads import configure_threads
 
     threads = configure_threads()
+    loaded = _load(sources, loop, dtype, device)
     tokenizer = loaded[0][2]
     pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
                             getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)
@@ -604,11 +633,14 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(desc="serve-cost", unit="generation", disable=not progress)
+    # the bar counts generated tokens: a generation's time grows with them, so the ETA holds
+    per_model = None if sizes == "auto" else [list(sizes)] * len(loaded)
+    meter.bar = tqdm(desc="serve-cost", unit="token", disable=not progress,
+                     total=len(loaded) * ((repeats + 2) * (1 + new_tokens)  # warm-up, repeats, memory at batch 1
+                                          + sum((1 + repeats) * b * new_tokens for b in (per_model or [[]])[0])))
     for _, model, _ in loaded:  # warm-up (and, compiled, compilation) of every shape timed below
         meter.seconds(model, 1, 1)
         meter.seconds(model, 1, new_tokens)
-        bar.update(2)
     prefill = [[] for _ in loaded]
     latency = [[] for _ in loaded]
     for _ in range(repeats):
@@ -617,23 +649,20 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
             full = meter.seconds(model, 1, new_tokens)
             prefill[i].append(one)
             latency[i].append((full - one) / (new_tokens - 1))
-            bar.update(2)
     memory = []
     for _, model, _ in loaded:
         peak, kept = meter.memory(model, new_tokens)
         _, kept_one = meter.memory(model, 1)
         memory.append((peak, (kept - kept_one) / (new_tokens - 1)))
-        bar.update(2)
     if sizes == "auto":
         chosen = []
         for (_, model, _), cost in zip(loaded, costs):
             row = cost.kv_bytes(prompt_tokens + new_tokens) + cost.state_bytes_per_sequence
             chosen.append(_auto_batch(meter, model, new_tokens, cache_bytes_per_row=row))
-            bar.update(1)
         per_model = [sorted({1, b}) for b in chosen]
+        meter.planned(sum((1 + repeats) * b * new_tokens for batches in per_model for b in batches))
     else:
         chosen = [sizes[-1]] * len(loaded)
-        per_model = [list(sizes)] * len(loaded)
     rates = [{b: [] for b in batches} for batches in per_model]
     for batch in sorted({b for batches in per_model for b in batches}):
         for i, (_, model, _) in enumerate(loaded):
@@ -643,8 +672,8 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
             for i, (_, model, _) in enumerate(loaded):
                 if batch in rates[i]:
                     rates[i][batch].append(batch * new_tokens / meter.seconds(model, batch, new_tokens))
-                    bar.update(1)
-    bar.close()
+    meter.bar.close()
+    meter.bar = None
     results = []
     for i, ((name, model, _), cost) in enumerate(zip(loaded, costs)):
         config = loop_config(model)

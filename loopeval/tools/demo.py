@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from loopeval.common.outputs import LOCK_NAME, folder_lock
 from loopeval.evaluation.local_data import local_task
 from loopeval.training.manifest import MANIFEST_NAME
 
@@ -115,7 +116,7 @@ def _claim(out: Path, settings: dict) -> bool:
     trained with them there. A folder with files and no demo marker is refused; a demo
     folder (finished or interrupted) is resumed: the study runner skips the evaluations
     already done."""
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != LOCK_NAME for p in out.iterdir()):
         marker = out / MARKER
         try:
             stored = json.loads(marker.read_text())
@@ -171,20 +172,26 @@ def _train(out: Path, spec: DemoSize, train, train_file: Path, *, seed: int, rec
 def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: int = 0, recipe: str = "full") -> Path:
     """Run every stage into ``out`` and return the report's path. ``recipe="convert"``
     fine-tunes the base without a loop, then trains the twin and the looped model from
-    it by LoRA conversion (paper A.3) for half the steps."""
-    import torch
-
-    from loopeval.tools.study import run_study
-    from loopeval.tools.synthetic import make_splits, write_splits
-    from loopeval.common.threads import configure_threads
-
+    it by LoRA conversion (paper A.3) for half the steps. The folder's lock is held for
+    the whole run, so a second demo (any settings) on a folder whose demo still runs is
+    refused, naming the running one."""
     if size not in SIZES:
         raise ValueError(f"demo size {size!r}: choose one of {', '.join(SIZES)}")
     if recipe not in ("full", "convert"):
         raise ValueError(f"demo recipe {recipe!r}: choose full or convert")
-    spec = SIZES[size]
     out = Path(out).resolve()
-    settings = {"size": size, "seed": seed, "loop": LOOP, "recipe": recipe}
+    with folder_lock(out, "demo"):  # for the whole run: a second demo on a live folder is refused
+        return _run_demo(out, SIZES[size], {"size": size, "seed": seed, "loop": LOOP, "recipe": recipe})
+
+
+def _run_demo(out: Path, spec: DemoSize, settings: dict) -> Path:
+    import torch
+
+    from loopeval.common.threads import configure_threads
+    from loopeval.tools.study import run_study
+    from loopeval.tools.synthetic import make_splits, write_splits
+
+    seed, recipe = settings["seed"], settings["recipe"]
     trained = _claim(out, settings)
     torch.set_num_threads(TRAIN_THREADS)  # fixed, as in training (TRAIN_THREADS); a user's OMP_NUM_THREADS still stands
     threads = configure_threads()
@@ -231,7 +238,7 @@ def run_demo(out: str | Path = "loopeval-demo", *, size: str = "default", seed: 
     _mark(out, settings, status="done", seconds=time.time() - start, phases=phases, threads=threads.to_dict())
     chance = Counter(p.answer for p in test).most_common(1)[0][1] / len(test)
     for row in data["decoding"]:
-        _say(f"  {row['setting']:24s} accuracy {100 * row['macro']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")
+        _say(f"  {row['setting']:24s} accuracy {100 * row['macros']['points']:5.1f}%  cost {row['cost']['passes']:.2f}x layer passes")
     _say(f"  (always answering the most common test answer scores {100 * chance:.1f}%)")
     for cond in data["conditions"]:
         for sentence in cond["verdict"]["sentences"]:

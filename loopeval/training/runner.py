@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from loopeval.common.threads import adjust_threads
+from loopeval.common.outputs import record_written
 from loopeval.core.checkpoint import load_model, save_model
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import apply_loop, loop_passes
@@ -258,7 +258,6 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
     started = time.perf_counter()
     eval_time = 0.0
     for step in range(config.steps):
-        adjust_threads()
         step_started = time.perf_counter()
         rows = order[step].tolist()
         update_batch_hash(batches_hash, data, rows)
@@ -325,6 +324,7 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
             t0 = time.perf_counter()
             name = f"checkpoint-{step + 1}"
             if accelerator.is_main_process:
+                record_written(out, name)
                 save_model(recipe.checkpoint(accelerator.unwrap_model(wrapped)), tokenizer, out / name)
             accelerator.wait_for_everyone()
             checkpoints.append({"step": step + 1, "tokens": input_tokens, "path": name})
@@ -343,6 +343,8 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
     if config.activation_checkpointing:
         core.activation_checkpointing_disable()
     out.mkdir(parents=True, exist_ok=True)
+    if keep_adapters and config.recipe == "convert" and accelerator.is_main_process:
+        record_written(out, ADAPTER_FOLDER)
     final = recipe.finish(trained, out, keep_adapters=keep_adapters and accelerator.is_main_process).eval()
     final_params = sum(p.numel() for p in final.parameters())
     if final_params != base_params:

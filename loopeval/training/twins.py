@@ -10,31 +10,44 @@ code path. Everything is checked before any weights load.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from loopeval.common.outputs import check_not_installed, remove_written
 from loopeval.core.loop import resolve_loop
 from loopeval.core.spec import LoopConfig, LoopSpec
-from loopeval.common.threads import available_cores, configure_threads
+from loopeval.common.threads import available_cores, check_threads, configure_threads, requested_threads
 from loopeval.training.config import TrainConfig
 from loopeval.training.data import TrainData, check_separate, load_data
+from loopeval.training.manifest import MANIFEST_NAME
 from loopeval.training.recipes import Recipe
 from loopeval.training.registry import RECIPE_OPERATORS, make_recipe
 from loopeval.training.runner import LOOPED, TWIN, TrainResult, check_first_step, train_one
 
 
-PREVIOUS_RUN = ("adapter", "checkpoint-*")
-"""What a previous training leaves in its folder beside the files every run rewrites; ``--overwrite`` removes it."""
+def _previous_run(out: Path) -> list[str]:
+    """What the previous training's manifest in ``out`` records writing beside the files
+    every run rewrites: its intermediate checkpoints and kept adapters."""
+    try:
+        manifest = json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(manifest, dict):
+        return []
+    checkpoints = manifest.get("checkpoints") if isinstance(manifest.get("checkpoints"), list) else []
+    return [c["path"] for c in checkpoints if isinstance(c, dict) and isinstance(c.get("path"), str)] + \
+        [a for a in [manifest.get("adapters")] if isinstance(a, str)]
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse a non-empty ``out`` unless ``overwrite``; with it, remove only what an earlier
+    training recorded writing there (its checkpoints and adapters, even from an
+    interrupted run), never a user's files that happen to share a name pattern."""
+    check_not_installed(out, "--out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ValueError(f"output folder {out} exists and is not empty; choose another or pass overwrite=True (--overwrite)")
     if overwrite and out.is_dir():
-        import shutil
-
-        for pattern in PREVIOUS_RUN:
-            for old in out.glob(pattern):
-                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+        remove_written(out, _previous_run(out))
 
 
 def _resolve(base: str | Path, loop, recipe: str, options: dict) -> LoopConfig | None:
@@ -110,7 +123,8 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     Everything is checked before the twin starts.
 
     ``parallel``: train both at once, in two local processes of ``threads`` torch threads
-    each (default: half the available cores, at least one), a count fixed for the whole
+    each (default: ``LOOPEVAL_THREADS``/``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` if set,
+    else half the available cores, at least one), a count fixed for the whole
     run, so the weights do not depend on the machine's load. On a CPU with small
     matrices, two one-thread processes use two cores better than one two-thread process.
     Not with an ``accelerator`` (a distributed job trains one side per launch).
@@ -121,8 +135,14 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     if parallel and accelerator is not None:
         raise ValueError("parallel: the twin and the looped model run as two local processes; "
                          "pass no accelerator (a distributed job trains one side: train_model or --only)")
-    if threads is not None and (not parallel or threads < 1):
-        raise ValueError(f"threads={threads!r}: the per-process thread count of parallel=True, a whole number >= 1")
+    if threads is not None and not parallel:
+        raise ValueError(f"threads={threads!r}: the per-process thread count of parallel=True")
+    if parallel:
+        requested = requested_threads()
+        threads = (check_threads(threads) if threads is not None else
+                   requested[0] if requested else max(1, available_cores() // 2))
+    else:
+        configure_threads()
     config = config or TrainConfig()
     out = Path(out)
     for sub in (TWIN, LOOPED):
@@ -136,7 +156,6 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
     if parallel:
         import multiprocessing
 
-        threads = threads or max(1, available_cores() // 2)
         pool = multiprocessing.get_context("spawn").Pool(2)
         try:
             pending = [pool.apply_async(_train_side, (threads, side, dict(progress=progress, keep_adapters=keep_adapters,
@@ -153,7 +172,6 @@ def train_twins(base: str | Path, data: str | Path, *, loop: str | LoopSpec, out
             pool.close()
             pool.join()
         return results[0], results[1]
-    configure_threads()
     options = dict(accelerator=accelerator, progress=progress, keep_adapters=keep_adapters)
     results = []
     for side in sides:

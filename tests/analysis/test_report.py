@@ -76,7 +76,7 @@ def test_report_numbers_equal_loopeval_stats(runs):
     assert plain.param.tasks["toy_arith"].equivalence_method == "tango"
     assert plain.param.tasks["toy_arith"].equivalence_ci == pytest.approx(tuple(eq.ci))
     row = next(r for r in data.decoding if r["setting"] == "looped")
-    assert row["macro"] == pytest.approx(np.mean([looped[t].mean() for t in TASKS]))
+    assert row["macros"] == {"points": pytest.approx(np.mean([looped[t].mean() for t in TASKS]))}
     for mode, column in (("passes", "loop_cost"), ("flops", "loop_other_cost")):  # the paper's charge, and FLOPs
         base = _trace_cost(runs / "twin_plain_1x", mode)
         costs = {f.result.loop: getattr(f, column) for f in plain.flop_rows}
@@ -152,7 +152,23 @@ def test_compare_warns_when_the_runs_decode_differently(runs, capsys):
     assert diffs[:2] == ["budget_forcing: False vs True", "bf_reserve: None vs 4"]
     assert "budget_scale: 0.5 vs 1.0" in diffs
     assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x")]) == 0
-    assert "warning: the runs decode differently: budget_forcing: False vs True" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "warning: the runs decode differently: budget_forcing: False vs True" in captured.err
+    # a failed fairness check withholds every outcome and equivalence verdict, in the text and the JSON
+    assert captured.out.startswith("verdict withheld: the runs decode differently (budget_forcing: False vs True")
+    rows = [line.split() for line in captured.out.splitlines() if line.split()[:1] in (["toy_arith"], ["macro"])]
+    assert rows and all(row[-2:] == ["withheld", "withheld"] for row in rows)
+    assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {(r["outcome"], r["equivalent"]) for r in [*out["tasks"].values(), out["macro"]]} == {("withheld", None)}
+    # named as intended, the same differences leave the verdict standing
+    intended = sorted({d.split(":")[0] for d in diffs if " " not in d.split(":")[0]})
+    assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x"), "--json",
+                 "--intended", *intended]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["withheld"] == [] and out["macro"]["outcome"] in ("better", "worse", "equivalent", "inconclusive")
+    assert main(["compare", str(runs / "twin_plain_0.5x"), str(runs / "looped_bf_1x"), "--intended", "chat"]) == 2
+    assert "--intended chat: not a part of an evaluation that can differ" in capsys.readouterr().err
 
 
 # -- the demo, end to end (slow) --------------------------------------------------------
@@ -422,8 +438,9 @@ def test_the_serving_section_shows_table_10(runs, tmp_path):
 
 
 def test_wall_clock_puts_looped_points_at_their_measured_latency(runs, tmp_path):
-    """The fixture loop 1:2x2 charges c = 5/4 passes; measured at 20 -> 27.5 ms per token
-    (x1.375), each looped point of Figure 2 moves by 1.375 / 1.25 = 1.1, unlooped points stay."""
+    """The fixture loop 1:2x2 charges c = 5/4 passes; measured at 20 -> 26 ms per token
+    (x1.3, inside what c allows), each looped point of Figure 2 moves by 1.3 / 1.25 = 1.04, unlooped
+    points stay; a latency ratio c does not allow is refused."""
     from loopeval.evaluation.serving import ModelServing, ServeCost, Spread
 
     def side(loop, passes, ms):
@@ -433,21 +450,24 @@ def test_wall_clock_puts_looped_points_at_their_measured_latency(runs, tmp_path)
                             throughput={1: Spread.of([1e3 / ms])}, max_batch=1, peak_memory_bytes=10**9,
                             memory_growth_per_token=passes)
 
-    ServeCost((side(None, 4, 20.0), side("1:2x2", 5, 27.5)), {"device": "cpu"}).write(tmp_path / "serve")
+    ServeCost((side(None, 4, 20.0), side("1:2x2", 5, 26.0)), {"device": "cpu"}).write(tmp_path / "serve")
     twins, looped = _pick(runs, "twin_"), _pick(runs, "looped_")
     with pytest.warns(UserWarning):
         charged = build_report(twins, looped, n_resamples=300)
     with pytest.warns(UserWarning):
         timed = build_report(twins, looped, n_resamples=300, serve_cost=[tmp_path / "serve"], wall_clock=True)
-    assert timed.wall_clock == pytest.approx(1.1)
+    assert timed.wall_clock == pytest.approx(1.04)
     for a, b in zip(charged.figure, timed.figure):
         for p, q in zip(a["points"], b["points"]):
-            assert q["x"] == pytest.approx(p["x"] * (1.1 if a["looped"] else 1.0)) and q["y"] == p["y"]
+            assert q["x"] == pytest.approx(p["x"] * (1.04 if a["looped"] else 1.0)) and q["y"] == p["y"]
     assert "measured decode time" in render(timed)
     with pytest.raises(ValueError, match="--wall-clock needs one --serve-cost measurement of the loop 1:2x2"):
         build_report(twins, looped, wall_clock=True)
     with pytest.raises(ValueError, match="drop --cost flops"):
         build_report(twins, looped, serve_cost=[tmp_path / "serve"], wall_clock=True, cost="flops")
+    ServeCost((side(None, 4, 20.0), side("1:2x2", 5, 16.0)), {"device": "cpu"}).write(tmp_path / "fast")
+    with pytest.raises(ValueError, match=r"fast's latency is unreliable: latency x0.800 .* faster than the unlooped"):
+        build_report(twins, looped, serve_cost=[tmp_path / "fast"], wall_clock=True)
 
 
 def test_a_training_free_report_needs_no_manifest_and_opens_with_the_verdict(tmp_path, make_runs):

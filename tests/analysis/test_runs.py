@@ -168,8 +168,11 @@ def test_trace_costs_join_on_task_doc_id_and_prompt_hash(folder, traces):
     assert run.cost(TRACED, mode="flops", flops_per_token=3.0) == pytest.approx(3.0 * sum(t for _, t, _ in truth.values()))
     # the paper's charge: generated tokens x layer passes, in units of the model's average layer (1e6 / 4)
     assert run.cost(TRACED) == pytest.approx(2.5e5 * sum(p for _, _, p in truth.values()))
-    with pytest.raises(ValueError, match="task toy_mc: no loopeval cost trace"):
-        run.cost()
+    # toy_mc scores letter log-likelihoods (nothing generated, no trace): only generation is charged,
+    # and a task set that generates nothing is charged the loop's c per item
+    assert run.cost() == run.cost(TRACED)
+    c = run.header.multiplier
+    assert run.cost(["toy_mc"]) == pytest.approx(2.5e5 * c * run.tasks["toy_mc"].n)
 
 
 def test_an_older_run_in_a_shared_folder_keeps_its_own_trace():
@@ -424,8 +427,9 @@ def test_delta_flop_with_a_flops_per_token_figure_and_without_a_cheaper_comparat
     assert cheap_big.comparator == "big"
     none = delta_flop({"big": unlooped["big"]}, looped, tasks=TRACED, n_resamples=1000)[0]
     assert none.comparator is None and none.comparison is None and none.outcome == "untestable"
-    with pytest.raises(ValueError, match="no loopeval cost trace"):
-        delta_flop(unlooped, looped, n_resamples=100)  # the multiple-choice task has no trace
+    # the multiple-choice task generates nothing (no trace): the loop is charged its generation
+    every = delta_flop(unlooped, looped, n_resamples=100)[0]
+    assert every.loop_cost == looped["loop"].cost(TRACED)
     with pytest.raises(ValueError, match="both looped and unlooped"):
         delta_flop({"loop": unlooped["twin"]}, looped, tasks=TRACED)
 

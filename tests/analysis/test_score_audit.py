@@ -115,14 +115,16 @@ def test_tasks_option_selects(run):
 
 
 def test_cli_prints_the_table_and_json(run, capsys):
-    assert main(["score-audit", str(run)]) == 0
+    assert main(["score-audit", str(run)]) == 2  # a handful of each benchmark's items: a pilot
+    assert "test items (a local file with a subset?)" in capsys.readouterr().err
+    assert main(["score-audit", str(run), "--allow-subset"]) == 0
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.startswith("gsm8k_boxed "))
     assert row.split()[:8] == ["gsm8k_boxed", "4", "4", "75.0", "75.0", "0", "3", "2"]
     assert "skipped arc_challenge_letter: not generative" in text
     assert re.search(r"doc 0 #7\s+right\s+several_boxes", text)
 
-    assert main(["score-audit", str(run), "--json", "--tasks", "math500_boxed"]) == 0
+    assert main(["score-audit", str(run), "--json", "--tasks", "math500_boxed", "--allow-subset"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["tasks"]["math500_boxed"]["counts"]["relation_vs_interval"] == 1
     assert set(data["flags"]) == set(scoring.FLAGS)
@@ -179,11 +181,11 @@ def test_fallback_verdicts_from_unfinished_responses_are_counted_and_can_be_scor
     assert [(i.doc_id, i.finished) for i in gsm8k.items] == [(1, False), (2, True), (3, False)]
     wrong = score_audit(out, tasks=["gsm8k_boxed"], unfinished_fallback="wrong").tasks["gsm8k_boxed"]
     assert (wrong.accuracy, wrong.recorded_accuracy) == (0.5, 0.75)
-    loaded = load_run(out, tasks=["gsm8k_boxed"])
+    loaded = load_run(out, tasks=["gsm8k_boxed"], allow_subset=True)
     assert unfinished_fallback_wrong(loaded).tasks["gsm8k_boxed"].scores.tolist() == [1, 0, 1, 0]
     assert loaded.tasks["gsm8k_boxed"].scores.tolist() == [1, 0, 1, 1]  # the run itself is left as recorded
 
-    assert main(["score-audit", str(out), "--tasks", "gsm8k_boxed"]) == 0
+    assert main(["score-audit", str(out), "--tasks", "gsm8k_boxed", "--allow-subset"]) == 0
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.startswith("gsm8k_boxed "))
     assert row.split()[8:10] == ["2", "1"]
@@ -195,4 +197,4 @@ def test_scoring_cut_fallbacks_wrong_needs_a_trace(run):
     from loopeval.analysis.score_audit import unfinished_fallback_wrong
 
     with pytest.raises(ValueError, match=r"gsm8k_boxed: 2 number-fallback responses have no trace record"):
-        unfinished_fallback_wrong(load_run(run, tasks=["gsm8k_boxed"]))
+        unfinished_fallback_wrong(load_run(run, tasks=["gsm8k_boxed"], allow_subset=True))

@@ -104,3 +104,19 @@ def test_cli_prints_the_power_of_every_task_and_the_macro(capsys):
     assert [line.split()[0] for line in text.splitlines()[-4:]] == ["toy_aime", "toy_arith", "toy_mc", "macro"]
     assert main(["power", TWIN, LOOPED, "--power", "2"]) == 2
     assert "power must lie in (0, 1)" in capsys.readouterr().err
+
+
+def test_a_named_metrics_delta_and_margin_apply_to_that_metric_only(capsys):
+    """``--delta acc=0.05`` sizes the task scored by acc; ``--margin acc=0.05`` widens only its
+    equivalence margin; the others keep the bare (accuracy) values, and each row names its unit."""
+    assert main(["power", TWIN, LOOPED, "--delta", "acc=0.05", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tasks"]["toy_mc"]["delta"] == 0.05 and out["tasks"]["toy_mc"]["unit"] == "fraction"
+    assert out["tasks"]["toy_arith"]["delta"] is None and out["macro"]["delta"] is None  # kinds share no delta
+    assert main(["compare", TWIN, LOOPED, "--margin", "acc=0.05", "--margin", "0.03", "--n-resamples", "500",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {t: r["margin"] for t, r in out["tasks"].items()} == {"toy_mc": 0.05, "toy_arith": 0.03, "toy_aime": 0.03}
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", TWIN, LOOPED, "--margin", "acc=abc"])
+    assert exit_.value.code == 2 and "expected a number or METRIC=NUMBER" in capsys.readouterr().err

@@ -41,9 +41,10 @@ def test_json_rows_match_an_independent_reading_of_the_samples(capsys):
     for task, (metric, filt) in MAIN.items():
         a, b = item_scores(TWIN, task, metric, filt), item_scores(LOOPED, task, metric, filt)
         row = out["tasks"][task]
-        assert set(row) == {"n", "baseline", "candidate", "delta", "ci", "confidence", "pvalue", "pvalue_holm",
-                            "mcnemar_pvalue", "decided_by", "outcome", "equivalent", "equivalence_ci",
-                            "equivalence_method", "warnings"}
+        assert set(row) == {"n", "unit", "higher_is_better", "baseline", "candidate", "delta", "ci", "confidence",
+                            "pvalue", "pvalue_holm", "mcnemar_pvalue", "decided_by", "outcome", "equivalent", "margin",
+                            "equivalence_ci", "equivalence_method", "warnings"}
+        assert (row["unit"], row["higher_is_better"], row["margin"]) == ("fraction", True, 0.02)
         assert row["n"] == len(a)
         assert (row["baseline"], row["candidate"]) == pytest.approx((a.mean(), b.mean()))
         assert row["delta"] == pytest.approx(b.mean() - a.mean())
@@ -105,7 +106,7 @@ def test_table_shows_points_per_task_and_the_macro(capsys):
     assert f"{100 * arith['delta']:+.1f}" in lines["toy_arith"]
     assert f"[{100 * arith['ci'][0]:+.1f}, {100 * arith['ci'][1]:+.1f}]" in lines["toy_arith"]
     assert "<0.001" in lines["toy_arith"]  # the resampling floor, not 0.0002
-    assert lines["macro"].split()[1] == "102"
+    assert lines["macro"].split()[1:3] == ["points", "102"]
     assert "seed runs favouring the candidate: 1 of 1" in text
     # Both costs, each named (the fixture traces: 5 of 4 passes per token; the realised ratio
     # also counts how many tokens each side generated), and the runs by model and loop.

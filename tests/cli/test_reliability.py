@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from loopeval.cli import main
+from loopeval.common.paths import tasks_path
 
 HERE = Path(__file__).parents[1]
 RUNS = HERE / "fixtures" / "runs"
@@ -44,6 +45,28 @@ def _gguf(tmp: Path) -> Path:
     (tmp / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
     return tmp / "m.gguf"
 
+
+def _magic_only(tmp: Path) -> Path:
+    (tmp / "m.gguf").write_bytes(b"GGUF")
+    return tmp / "m.gguf"
+
+
+def _cut_gguf(tmp: Path) -> Path:
+    from support import write_tiny_gguf
+
+    whole = write_tiny_gguf(tmp / "whole.gguf").read_bytes()
+    (tmp / "cut.gguf").write_bytes(whole[:whole.index(b"llama.block_count") + 20])
+    return tmp / "cut.gguf"
+
+
+def _gsm8k(tmp: Path, text: str, name: str = "test.jsonl") -> Path:
+    folder = tmp / "data" / "gsm8k" / "main"
+    folder.mkdir(parents=True)
+    (folder / name).write_text(text)
+    return tmp / "data"
+
+
+GSM8K_ROW = json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n"
 
 REPORT = ["report", "--twin", str(RUNS / "twin"), "--looped", str(RUNS / "looped")]
 
@@ -89,6 +112,23 @@ TABLE = {
                              r"a_file: not a GGUF file \(it starts with b'x', not b'GGUF'\)", 2),
     "import-gguf-out-not-empty": (lambda tmp: ["import-gguf", str(_gguf(tmp)), "--out", str(_file(tmp).parent)],
                                   r"exists and is not an empty folder; choose another --out", 2),
+    "import-gguf-magic-only": (lambda tmp: ["import-gguf", str(_magic_only(tmp)), "--out", str(tmp / "o")],
+                               r"m.gguf: not a whole GGUF file \(4 bytes; the header alone takes 24\)", 2),
+    "import-gguf-cut-metadata": (lambda tmp: ["import-gguf", str(_cut_gguf(tmp)), "--out", str(tmp / "o")],
+                                 r"cut.gguf: the GGUF file is cut short in the value of metadata key 'llama.block_count'", 2),
+    "local-tasks-empty-file": (lambda tmp: ["local-tasks", "--data", str(_gsm8k(tmp, "")), "--out", str(tmp / "t")],
+                               r"gsm8k/main/test.jsonl: holds no records \(an empty file\)", 2),
+    "local-tasks-bad-line": (lambda tmp: ["local-tasks", "--data", str(_gsm8k(tmp, GSM8K_ROW + '{"question": "x"\n')),
+                                          "--out", str(tmp / "t")], r"gsm8k/main/test.jsonl:2: corrupt data line", 2),
+    "local-tasks-missing-field": (lambda tmp: ["local-tasks", "--data", str(_gsm8k(tmp, GSM8K_ROW + '{"question": "x"}\n')),
+                                               "--out", str(tmp / "t")],
+                                  r"test.jsonl:2: no field 'answer' \(task gsm8k_boxed reads it; fields: question\)", 2),
+    "local-tasks-json-list-non-object": (lambda tmp: ["local-tasks", "--data", str(_gsm8k(tmp, "[" + GSM8K_ROW.strip() + ", 3]",
+                                                                                           "test.json")), "--out", str(tmp / "t")],
+                                         r"test.json: record 2: expected a JSON object", 2),
+    "local-tasks-out-installed": (lambda tmp: ["local-tasks", "--data", str(_gsm8k(tmp, GSM8K_ROW)), "--out",
+                                               str(tasks_path())],
+                                  r"--out .*tasks is inside loopeval's installed folder", 2),
     "local-tasks-no-data": (lambda tmp: ["local-tasks", "--data", str(tmp), "--out", str(tmp / "t")],
                             r"holds no task's files; e.g. GSM8K is DATA/gsm8k/main/test", 2),
     "local-tasks-missing-task-data": (lambda tmp: ["local-tasks", "--data", str(tmp), "--out", str(tmp / "t"),

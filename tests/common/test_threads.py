@@ -1,9 +1,8 @@
-"""The thread policy: the user's setting stands; otherwise the cores other processes leave
-free now, re-measured as long loops go on."""
+"""The thread rule: the user's setting stands (checked); otherwise one thread per core,
+never a count read from the machine's load, so outputs do not depend on other processes."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from loopeval.common import threads
+from support import busy_machine
 
 
 @pytest.fixture
@@ -20,7 +20,6 @@ def fresh(monkeypatch):
     8 cores; torch's thread count is restored afterwards."""
     saved = torch.get_num_threads()
     monkeypatch.setattr(threads, "_CHOICE", None)
-    monkeypatch.setattr(threads, "_LAST", None)
     for name in threads.ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
@@ -41,7 +40,6 @@ def test_environment_setting_is_honoured(fresh):
     fresh.setenv("OMP_NUM_THREADS", "3")
     choice = threads.configure_threads()
     assert (choice.threads, choice.source, torch.get_num_threads()) == (3, "OMP_NUM_THREADS", 3)
-    assert threads.adjust_threads() is None and torch.get_num_threads() == 3  # never re-measured
 
 
 def test_explicit_torch_setting_is_honoured(fresh):
@@ -50,54 +48,47 @@ def test_explicit_torch_setting_is_honoured(fresh):
     assert (choice.threads, choice.source, torch.get_num_threads()) == (5, "torch.set_num_threads", 5)
 
 
-@pytest.mark.parametrize("busy, own, workers, expected", [
-    (0.0, 0.0, 1, 8),     # idle
-    (2.0, 2.0, 1, 8),     # only this process is busy: nothing is taken from it
-    (0.2, 0.0, 1, 8),     # noise below SLACK
-    (2.6, 0.0, 1, 5),     # 2.6 cores used by others: three taken
-    (8.0, 1.0, 1, 1),     # others hold 7 of 8 cores
-    (8.0, 0.0, 1, 1),     # all of them: still one
-    (0.0, 0.0, 3, 2),     # shared by three workers
+@pytest.mark.parametrize("busy, own, workers, expected, warns", [
+    (0.0, 0.0, 1, 8, False),     # idle
+    (2.0, 2.0, 1, 8, False),     # only this process is busy
+    (0.2, 0.0, 1, 8, False),     # noise below SLACK
+    (2.6, 0.0, 1, 8, True),      # 2.6 cores used by others: the count stays, a warning names 5
+    (8.0, 0.0, 1, 8, True),      # all of them
+    (0.0, 0.0, 3, 2, False),     # shared by three workers
 ])
-def test_free_cores_from_a_sample(fresh, busy, own, workers, expected):
+def test_the_count_never_follows_the_load(fresh, busy, own, workers, expected, warns, recwarn):
     # two snapshots 1 s apart on 8 cores: 800 jiffies in all, `busy` cores' worth busy
     machine(fresh, (0.0, 0.0, 0.0, 0.0), (1.0, busy * 100, 800.0, own))
     choice = threads.configure_threads(workers=workers)
-    assert (choice.threads, choice.source, torch.get_num_threads()) == (expected, "policy", expected)
-
-
-def test_load_average_stands_in_without_proc_stat(fresh):
-    fresh.setattr(threads, "_snapshot", lambda: None)
-    fresh.setattr(os, "getloadavg", lambda: (2.6, 0.0, 0.0))
-    assert threads.configure_threads().threads == 5
-
-
-def test_adjust_follows_a_job_that_starts_and_ends(fresh):
-    clock = [0.0]
-    fresh.setattr(threads.time, "monotonic", lambda: clock[0])
-    machine(fresh, (0.0, 0.0, 0.0, 0.0), (0.25, 0.0, 200.0, 0.0),   # configure: idle
-            (3.0, 800.0, 2400.0, 3.0),       # others start: 1.82 cores besides this process's 1.09
-            (6.0, 2900.0, 4800.0, 24.0))     # others gone: all 7 busy cores are this process's
-    assert threads.configure_threads().threads == 8
-    clock[0] = 1.0
-    assert threads.adjust_threads().threads == 8 and torch.get_num_threads() == 8  # too soon to look
-    clock[0] = 3.0
-    # 2.75 s: 800 of 2200 jiffies busy = 2.91 cores; own 3/2.75 = 1.09: others 1.82 -> two taken
-    assert threads.adjust_threads().threads == 6 and torch.get_num_threads() == 6
-    clock[0] = 6.0
-    assert threads.adjust_threads().threads == 8 and torch.get_num_threads() == 8
+    assert (choice.threads, choice.source, torch.get_num_threads()) == (expected, "default", expected)
+    messages = [str(w.message) for w in recwarn.list if w.category is RuntimeWarning]
+    assert bool(messages) == warns
+    if busy == 2.6:
+        assert "OMP_NUM_THREADS=5" in messages[0]
 
 
 def test_first_call_decides(fresh):
-    machine(fresh, (0.0, 0.0, 0.0, 0.0), (1.0, 700.0, 800.0, 0.0))
+    machine(fresh, (0.0, 0.0, 0.0, 0.0), (1.0, 0.0, 800.0, 0.0))
     first = threads.configure_threads()
-    assert threads.configure_threads(workers=4) is first and torch.get_num_threads() == 1
+    assert threads.configure_threads(workers=4) is first and torch.get_num_threads() == 8
 
 
-def test_bad_environment_value_is_refused(fresh):
-    fresh.setenv("LOOPEVAL_THREADS", "two")
-    with pytest.raises(ValueError, match="LOOPEVAL_THREADS='two'"):
+@pytest.mark.parametrize("value", ["two", "0", "-1", "2.5", "33", "100000"])
+def test_bad_environment_value_is_refused_before_torch_is_set(fresh, value):
+    fresh.setenv("LOOPEVAL_THREADS", value)
+    with pytest.raises(ValueError, match=rf"LOOPEVAL_THREADS='{value}': expected a whole number of threads from 1 to 32"):
         threads.configure_threads()
+    assert torch.get_num_threads() == 8 and threads._CHOICE is None
+
+
+@pytest.mark.parametrize("value, ok", [(1, True), (32, True), ("4", True), (0, False), (33, False), (2.5, False),
+                                       (2.0, False), (True, False), (None, False)])
+def test_check_threads(fresh, value, ok):
+    if ok:
+        assert threads.check_threads(value) == int(value)
+    else:
+        with pytest.raises(ValueError, match=rf"threads={value!r}"):
+            threads.check_threads(value)
 
 
 def test_snapshot_reads_this_machine():
@@ -114,7 +105,8 @@ def test_snapshot_reads_this_machine():
     assert 0.0 <= threads.others_busy(before, after) <= os.cpu_count()
 
 
-_CHILD = ("import json, torch; from loopeval.common.threads import configure_threads as c; x = c(); "
+_CHILD = ("import json, torch, warnings; warnings.simplefilter('ignore'); "
+          "from loopeval.common.threads import configure_threads as c; x = c(); "
           "print(json.dumps([x.threads, x.source, torch.get_num_threads()]))")
 
 
@@ -130,17 +122,12 @@ def test_fresh_process_honours_the_environment():
 @pytest.mark.slow
 @pytest.mark.skipif(threads.available_cores() < 2 or not os.path.exists("/proc/stat"),
                     reason="needs two cores and /proc/stat")
-def test_fresh_process_next_to_a_busy_job_leaves_it_its_cores():
-    """A real competitor spinning on every core: a new process takes one thread, not one per core
-    (torch's default, which would thrash)."""
+def test_fresh_process_next_to_a_busy_job_takes_the_idle_count():
+    """A real competitor spinning on every core: a new process takes the count it takes on an
+    idle machine (one per core), and warns."""
     base = {k: v for k, v in os.environ.items() if k not in threads.ENV_VARS}
-    spin = "import os, multiprocessing as m\ndef f(_):\n    while True: pass\nm.Pool(os.cpu_count()).map(f, range(os.cpu_count()))"
-    competitor = subprocess.Popen([sys.executable, "-c", spin], env=base, start_new_session=True)
-    try:
-        time.sleep(1.5)
-        out = subprocess.run([sys.executable, "-c", _CHILD], env=base, capture_output=True, text=True, check=True)
-    finally:
-        os.killpg(competitor.pid, signal.SIGKILL)  # the pool's workers too
-        competitor.wait()
-    n, source, actual = json.loads(out.stdout)
-    assert source == "policy" and n == actual < threads.available_cores()
+    with busy_machine():
+        out = subprocess.run([sys.executable, "-W", "always", "-c", _CHILD.replace("warnings.simplefilter('ignore'); ", "")],
+                             env=base, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [threads.available_cores(), "default", threads.available_cores()]
+    assert "other processes keep" in out.stderr

@@ -2,6 +2,7 @@
 SmolLM2 file (tests/real/test_real_models.py)."""
 
 import pytest
+from support import write_tiny_gguf
 
 from loopeval import load_model
 from loopeval.core.gguf import check_gguf, import_gguf
@@ -37,3 +38,41 @@ def test_looped_model_refuses_a_missing_gguf_file(tmp_path):
 
     with pytest.raises(ValueError, match="looped: pretrained=.*absent.gguf: no such GGUF file"):
         LoopedLM(str(tmp_path), gguf_file="absent.gguf")
+
+
+def test_a_damaged_gguf_is_refused_in_one_line_naming_the_file(tmp_path):
+    """Cut anywhere, or with tensors its architecture does not have: one ValueError naming the
+    file, from the header alone (a struct.error or a traceback from transformers before)."""
+    whole = write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()
+    check_gguf(tmp_path / "whole.gguf")
+    key = whole.index(b"llama.block_count")
+    cases = {
+        "magic.gguf": (b"GGUF", "not a whole GGUF file"),
+        "in_metadata.gguf": (whole[:key + 5], "cut short in the value of metadata key|cut short in its header"),
+        "in_table.gguf": (whole[:whole.index(b"blk.1.attn_q")], "cut short in its header or tensor table"),
+        "in_data.gguf": (whole[:-100], r"cut short: tensor blk.1.ffn_up.weight needs bytes|cut short: tensor"),
+        "relabelled.gguf": (whole.replace(b"\x00llama", b"\x00qwen2", 1), "architecture 'qwen2', but the metadata has no"),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=rf"^{tmp_path / name}: .*({message})") as info:
+            check_gguf(tmp_path / name)
+        assert "\n" not in str(info.value)
+    faults = {
+        "foreign.gguf": ({"extra": {"blk.0.attn_q_norm.weight": (16,)}}, "has no tensor blk.0.attn_q_norm.weight"),
+        "gap.gguf": ({"drop": ("blk.1.ffn_up.weight",)}, "block 1 of 2 differs from block 0 in tensor ffn_up.weight"),
+        "beyond.gguf": ({"extra": {"blk.2.attn_norm.weight": (64,)}}, "has no tensor blk.2.attn_norm.weight"),
+    }
+    for name, (kwargs, message) in faults.items():
+        with pytest.raises(ValueError, match=message):
+            check_gguf(write_tiny_gguf(tmp_path / name, **kwargs))
+
+
+def test_a_gguf_whose_tensors_do_not_make_its_architectures_model_is_refused(tmp_path):
+    """A Llama file labelled qwen2 (metadata renamed too) passes the header, but Qwen2 has
+    attention biases the file lacks: transformers would initialise them; the import refuses."""
+    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen2")
+    with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model: \d+ weights are missing "
+                                         r"\(e.g. model.layers.0.self_attn.\w_proj.bias\)"):
+        import_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -12,7 +12,7 @@ from loopeval import apply_loop, loop_cost, save_model
 from loopeval.tools.tiny import tiny_model
 from loopeval.evaluation.trace import find_traces
 from loopeval.core.unroll import unrolled_copy
-from support import MC_YAML, QUESTIONS, read_samples, run_lm_eval
+from support import MC_YAML, QUESTIONS, busy_machine, read_samples, run_lm_eval
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,36 @@ def test_without_a_loop_equals_hf(workdir, evaluate):
     assert _resps(looped, "tiny_mc") == _resps(hf, "tiny_mc")
 
 
+@pytest.mark.slow
+def test_without_a_loop_equals_hf_on_a_loaded_machine(workdir, evaluate, monkeypatch):
+    """Another process spins on every core through the whole looped run: the run keeps the
+    thread count an idle machine gives (torch's, as ``hf`` uses), so its float reductions,
+    hence its responses, are ``hf``'s on an idle machine."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    from loopeval.common import threads
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    path, cores, saved = str(workdir / "base"), threads.available_cores(), torch.get_num_threads()
+    monkeypatch.setattr(threads, "_CHOICE", None)  # as in a fresh lm_eval process, with no setting
+    for name in threads.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(cores)
+    seen = set()
+    try:
+        with busy_machine():
+            lm = LoopedLM(pretrained=path, device="cpu", batch_size=3)
+            lm.model.register_forward_pre_hook(lambda module, args: seen.add(torch.get_num_threads()))
+            looped = evaluate(lm, ("tiny_gen", "tiny_mc"))
+        hf = evaluate(HFLM(pretrained=path, device="cpu", batch_size=3), ("tiny_gen", "tiny_mc"))
+    finally:
+        torch.set_num_threads(saved)
+    assert seen == {cores}
+    assert _resps(looped) == _resps(hf)
+    assert _resps(looped, "tiny_mc") == _resps(hf, "tiny_mc")
+
+
 def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
     from loopeval.evaluation.model_adapters.looped import LoopedLM
 
@@ -158,10 +188,42 @@ def test_bad_input(workdir, evaluate, monkeypatch):
         raise AssertionError("weights loaded before the spec was checked")
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_weights)
+    from loopeval.common import threads
+
+    monkeypatch.setattr(threads, "_CHOICE", None)
+    for bad in ("100000", "0", "2.5", "two"):
+        monkeypatch.setenv("LOOPEVAL_THREADS", bad)
+        with pytest.raises(ValueError, match=f"looped: LOOPEVAL_THREADS='{bad}': expected a whole number"):
+            LoopedLM(pretrained=path)
+    monkeypatch.delenv("LOOPEVAL_THREADS")
     with pytest.raises(ValueError, match="past the last layer"):
         LoopedLM(pretrained=path, loop="2:9x2")
     with pytest.raises(ValueError, match="cannot parse"):
         LoopedLM(pretrained=path, loop="2to4")
+
+
+def test_chat_template_missing_is_refused_before_the_weights_load(workdir, tmp_path, evaluate, monkeypatch):
+    """``lm_eval --apply_chat_template`` on a checkpoint whose tokenizer has no template
+    (Gemma 3 270M's GGUF import) names the fix instead of failing in transformers after the load."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    plain = tmp_path / "plain"
+    shutil.copytree(workdir / "base", plain)
+    (plain / "chat_template.jinja").unlink()
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--apply_chat_template", "--tasks", "x"])
+    with pytest.raises(ValueError, match=r"looped: --apply_chat_template, but the tokenizer of .*plain has no chat "
+                                         r"template .* put the model family's chat template \(Jinja text\) in "
+                                         r".*plain/chat_template.jinja, or evaluate without --apply_chat_template"):
+        LoopedLM(pretrained=str(plain))
+    monkeypatch.undo()
+    lm = LoopedLM(pretrained=str(plain), device="cpu")  # an in-process run: refused at the first prompt
+    with pytest.raises(ValueError, match="looped: apply_chat_template, but the tokenizer of .*plain has no chat"):
+        lm.apply_chat_template([{"role": "user", "content": "2 + 2 ="}])
 
 
 @pytest.mark.slow

@@ -288,12 +288,12 @@ def test_cli_writes_the_json_and_the_table(checkpoints, tmp_path):
     assert bad.returncode == 2 and "batch sizes [0]" in bad.stderr
 
 
-def _served(name: str, passes: float, latency_ms, tokens_per_s):
+def _served(name: str, passes: float, latency_ms, tokens_per_s, prefill_s=(0.1, 0.1, 0.1)):
     from loopeval.evaluation.serving import ModelServing, Spread
 
     return ModelServing(name=name, loop=None if passes == 30 else "6:8x2", passes=passes, generation_flops=passes,
                         weight_bytes=1, kv_bytes_per_token=1, state_bytes_per_sequence=0,
-                        prefill_s=Spread.of([0.1, 0.1, 0.1]), latency_s=Spread.of([x / 1e3 for x in latency_ms]),
+                        prefill_s=Spread.of(prefill_s), latency_s=Spread.of([x / 1e3 for x in latency_ms]),
                         throughput={1: Spread.of(tokens_per_s)}, max_batch=1, peak_memory_bytes=1,
                         memory_growth_per_token=0.0)
 
@@ -308,14 +308,41 @@ def test_ratios_carry_their_spread_and_implausible_ones_are_flagged():
     spread = loaded.ratio_spreads()
     assert spread["latency"].samples == pytest.approx((0.5, 6 / 11, 7 / 12))
     assert (spread["throughput"].low, spread["throughput"].high) == pytest.approx((12 / 7, 2.0))
-    latency, throughput = loaded.checks()
-    assert not latency.reliable and not throughput.reliable
+    latency, prefill, throughput = loaded.checks()
+    assert not latency.reliable and not throughput.reliable and prefill.reliable
     assert "faster than the unlooped model" in latency.note and "load from other processes" in latency.note
     assert "--repeats 10" in latency.note
     text = loaded.to_text()
-    assert "latency x0.545 [per repeat 0.500, 0.583]" in text and "unreliable: throughput" in text
+    assert "latency x0.545 UNRELIABLE [per repeat 0.500, 0.583]" in text and "unreliable: throughput" in text
     # Plausible: the loop 4-6% slower, inside [1 - slack, c (1 + slack)] in every repeat.
     fine = ServeCost((_served("base", 30, [10, 11, 12], [100.0, 91.0, 83.0]),
                       _served("looped", 32, [10.5, 11.6, 12.5], [95.0, 86.0, 80.0])), {"repeats": 3})
     assert all(c.reliable and not c.note for c in fine.checks())
-    assert "unreliable" not in fine.to_text()
+    assert "unreliable" not in fine.to_text().lower()
+
+
+def test_the_headline_ratio_is_checked_and_every_spread_too():
+    """Issue 31's cases: a median latency ratio of 0.807 for a loop that adds passes, whose
+    range still reaches a plausible value, and prefill ratios from 0.52 to 2.31, are unreliable;
+    the headline and the note name the same statistic (the median of the per-repeat ratios)."""
+    from loopeval.evaluation.serving import ServeCost, plausible_range
+
+    # per-repeat latency ratios 0.70, 0.807, 0.96 (the ratio of the medians would be 8.07 / 10 too)
+    result = ServeCost((_served("base", 30, [10, 10, 10], [100.0, 100.0, 100.0], prefill_s=(0.1, 0.1, 0.1)),
+                        _served("looped", 34, [7.0, 8.07, 9.6], [93.0, 92.0, 91.0], prefill_s=(0.052, 0.1, 0.231))),
+                       {"repeats": 3})
+    latency, prefill, throughput = result.checks()
+    assert result.ratios()["latency"] == pytest.approx(0.807) == latency.ratio.median
+    assert not latency.reliable and "unreliable: latency x0.807" in latency.note and "faster than the unlooped" in latency.note
+    assert not prefill.reliable and "from per-repeat ratios 0.520 to 2.310" in prefill.note
+    assert throughput.reliable and not throughput.note
+    data = result.to_dict()
+    assert [(c["name"], c["reliable"]) for c in data["checks"][0]] == [("latency", False), ("prefill", False),
+                                                                      ("throughput", True)]
+    assert data["checks"][0][0]["ratio"] == data["ratios"][0]["latency"] and "median" in data["ratio_statistic"]
+    text = result.to_text()
+    assert "latency x0.807 UNRELIABLE" in text and "prefill x1.000 UNRELIABLE" in text and "throughput x0.920 [" in text
+    # what c allows, for a loop that adds passes and for a candidate that saves them
+    assert plausible_range("latency", 1.5) == pytest.approx((0.95, 1.575))
+    assert plausible_range("throughput", 1.5) == pytest.approx((1 / 1.575, 1 / 0.95))
+    assert plausible_range("prefill", 0.5) == pytest.approx((0.475, 1.05))

@@ -16,7 +16,7 @@ from loopeval.evaluation.local_data import write_local_tasks
 from loopeval.evaluation.scoring import gsm8k_solution, user_prompt
 from loopeval.core.unroll import unrolled_copy
 
-from .conftest import GSM8K_8
+from .conftest import GSM8K_8, imported
 
 ROWS = [json.loads(line) for line in GSM8K_8.read_text().splitlines()]
 PROMPTS = [ROWS[0]["question"], ROWS[1]["question"]]
@@ -46,6 +46,26 @@ def test_imported_checkpoint_equals_transformers_own_gguf_load(smollm2, smollm2_
     assert torch.equal(enc.input_ids, gguf_tok(PROMPTS, return_tensors="pt", padding=True).input_ids)
     with torch.no_grad():
         torch.testing.assert_close(model(**enc).logits, gguf(**enc).logits, rtol=0, atol=0)
+
+
+def test_the_import_records_the_gguf_chat_template(smollm2, gemma3_gguf):
+    """SmolLM2's GGUF carries a chat template, Gemma 3 270M's none; the import records which,
+    and ``--apply_chat_template`` on Gemma is refused before its weights load."""
+    import sys
+
+    from loopeval.core.gguf import IMPORT_RECORD
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    assert json.loads((smollm2 / IMPORT_RECORD).read_text())["chat_template"] is True
+    gemma = imported(gemma3_gguf)
+    assert json.loads((gemma / IMPORT_RECORD).read_text())["chat_template"] is False
+    argv = sys.argv
+    sys.argv = ["lm_eval", "--model", "looped", "--apply_chat_template"]
+    try:
+        with pytest.raises(ValueError, match="has no chat template .* Gemma 3 270M's"):
+            LoopedLM(pretrained=str(gemma))
+    finally:
+        sys.argv = argv
 
 
 def _evaluate(model: str, pretrained, tasks_folder, tasks, **model_args):

@@ -1,24 +1,14 @@
 """A fresh bad-input sweep (issue 23's last item): each case prints VERDICT | case | what happened."""
-import io, json, os, shutil, sys, tempfile, traceback, contextlib
+import json, os, shutil, sys, tempfile
 from pathlib import Path
 import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1"); os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-from loopeval.cli import main
+from sweep_common import cli
 
 RUNS = Path("tests/fixtures/runs").resolve()
 T = Path(tempfile.mkdtemp())
 results = []
 
-def cli(argv):
-    err = io.StringIO(); out = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-        except BaseException:
-            code = "TRACEBACK"; err.write(traceback.format_exc())
-    return code, err.getvalue().strip().splitlines()[-1:] , out.getvalue()
 
 def case(name, fn):
     try:

@@ -20,6 +20,27 @@ def test_foreign_folder_is_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
+def test_a_second_demo_on_a_live_folder_is_refused(tmp_path):
+    """The demo holds its folder's lock for its whole run: a second one (here with another
+    seed) is refused before it touches anything, instead of retraining in place."""
+    (tmp_path / MARKER).write_text(json.dumps({"size": "tiny", "seed": 0, "loop": "2:4x2", "recipe": "full",
+                                               "status": "trained"}))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from loopeval.common.outputs import folder_lock\n"
+                               "with folder_lock(sys.argv[1], 'demo'):\n    print('held', flush=True); time.sleep(60)",
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in tmp_path.iterdir())
+        with pytest.raises(ValueError, match=rf"demo: .* is in use by another loopeval process \(pid {holder.pid},"):
+            run_demo(tmp_path, size="tiny", seed=1)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+        assert json.loads((tmp_path / MARKER).read_text())["seed"] == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def _demo(out, log):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     # pytest-xdist's workers ignore SIGINT, and an ignored signal stays ignored across exec:

@@ -214,6 +214,17 @@ def test_rounds_bounded_by_fit_memory_follow_the_formula(text, tmp_path):
     assert planned_passes(grid, 6, text_rows=rows, max_candidates=3) > planned_passes(grid, 6, text_rows=rows)
 
 
+def test_progress_counts_whole_candidates(text, tmp_path, capsys):
+    """The bar counts candidates written, never a fraction of one, over several rounds."""
+    model, tok = model_of(), word_tokenizer()
+    per_candidate = load_text(text, tok, seq_len=16).val.tokens * 64 * 4
+    options = {**SMALL, "times": [2], "starts": [1, 2, 3], "progress": True}
+    result = place(model, text, tokenizer=tok, out=tmp_path, fit_memory=3 * per_candidate, **options)
+    frames = re.findall(r"\| *([^ |]+)/([^ |]+) \[", capsys.readouterr().err)
+    assert frames and all(n.isdigit() and total.isdigit() for n, total in frames), frames
+    assert frames[-1] == (str(len(result.rows)),) * 2
+
+
 @pytest.mark.parametrize("layers, floor, ours", [(16, 0.78, 0.35), (36, 0.66, 0.42)])
 def test_prefix_reuse_beats_the_floor_on_the_default_grid(layers, floor, ours):
     """The issue's floor: prefix reuse alone runs (N - s) + m passes per candidate instead

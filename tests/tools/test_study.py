@@ -61,6 +61,9 @@ def _study(world: Path, folder: Path, **changes) -> Path:
     ({"lm_eval": {"batch": 3}}, r"lm_eval.batch: unknown key"),
     ({"lm_eval": {"limit": 3}}, r"lm_eval.limit: a run of a subset of the items is a pilot; set pilot: true"),
     ({"lm_eval": {"limit": -1}, "pilot": True}, r"lm_eval.limit: .*"),
+    ({"intended_differences": ["prompt"]}, r"intended_differences\[0\]: 'prompt' is not a setting that can differ; "
+                                           r"choose from .*prompts"),
+    ({"include_path": ["no/such/tasks"]}, r"include_path\[0\]: no/such/tasks: no such folder \(relative paths are read"),
 ])
 def test_a_bad_study_file_names_the_file_and_key(world, tmp_path, change, message):
     path = _study(world, tmp_path, **change)
@@ -69,6 +72,56 @@ def test_a_bad_study_file_names_the_file_and_key(world, tmp_path, change, messag
         from loopeval.tools.study.plan import check_before_compute, expand
 
         check_before_compute(study, expand(study))
+
+
+@pytest.mark.parametrize("where", ["lm_eval", "models"])
+def test_model_args_the_runner_sets_are_refused(world, tmp_path, where):
+    """Generated from RUNNER_KEYS: each is set by the runner for every evaluation (so a given
+    value would be silently overwritten), and each is refused in a model_args."""
+    from loopeval.tools.study.plan import expand
+    from loopeval.tools.study.spec import RUNNER_KEYS
+
+    study = load_study(_study(world, tmp_path))
+    assert set(RUNNER_KEYS) <= set(expand(study)[0].model_args(study))
+    for key in RUNNER_KEYS:
+        if where == "lm_eval":
+            change, at = {"lm_eval": {"model_args": {key: "x"}}}, f"lm_eval.model_args.{key}"
+        else:
+            change = {"models": [{"name": "twin", "role": "twin", "path": str(world / "twin"), "model_args": {key: "x"}},
+                                 {"name": "looped", "role": "looped", "path": str(world / "looped")}]}
+            at = f"models[0].model_args.{key}"
+        with pytest.raises(ValueError, match=rf"study.yaml: {re.escape(at)}: set by the runner for every evaluation"):
+            load_study(_study(world, tmp_path, **change))
+
+
+def test_an_empty_or_non_mapping_study_file_is_named(tmp_path):
+    for text, message in (("", "the study file is empty; it needs at least output, models and tasks"),
+                          ("- a\n- b\n", "the study file holds a list, not a mapping of study keys")):
+        (tmp_path / "s.yaml").write_text(text)
+        with pytest.raises(ValueError, match=rf"s.yaml: {message}"):
+            load_study(tmp_path / "s.yaml")
+
+
+def test_local_task_data_is_checked_before_any_model_loads(world, tmp_path):
+    """A study over a local-tasks folder whose data file was emptied (or lost a field)
+    after local-tasks wrote it is refused before compute, naming the file and line."""
+    from loopeval.evaluation.local_data import write_local_tasks
+    from loopeval.tools.study.plan import check_before_compute, expand
+
+    data = tmp_path / "data" / "gsm8k" / "main"
+    data.mkdir(parents=True)
+    rows = [{"question": f"What is {a} + {a}?", "answer": f"#### {2 * a}"} for a in range(3)]
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (data / "test-backup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # not a shard
+    written = write_local_tasks(tmp_path / "data", tmp_path / "local", tasks=["gsm8k_boxed"])
+    assert written.tasks["gsm8k_boxed"] == [data / "test.jsonl"]
+    path = _study(world, tmp_path, tasks=["gsm8k_boxed"], include_path=[str(tmp_path / "local")])
+    for text, message in (("", r"test.jsonl: holds no records \(an empty file\)"),
+                          ('{"question": "q"}\n', r"test.jsonl:1: no field 'answer' \(task gsm8k_boxed reads it")):
+        (data / "test.jsonl").write_text(text)
+        study = load_study(path)
+        with pytest.raises(ValueError, match=message):
+            check_before_compute(study, expand(study))
 
 
 def test_checks_before_compute(world, tmp_path):

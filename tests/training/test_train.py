@@ -293,9 +293,16 @@ def test_parallel_options_are_checked(tmp_path, work):
                     parallel=True, accelerator=object())
     with pytest.raises(ValueError, match="threads=2"):
         train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "b", config=CONFIG, threads=2)
-    with pytest.raises(ValueError, match="threads=0"):
-        train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "c", config=CONFIG,
-                    parallel=True, threads=0)
+    for bad in (0, 2.5, True, "two", 100000):
+        with pytest.raises(ValueError, match=f"threads={bad!r}: expected a whole number"):
+            train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "c", config=CONFIG,
+                        parallel=True, threads=bad)
+
+
+def test_parallel_twins_refuse_a_bad_environment_count(tmp_path, work, monkeypatch):
+    monkeypatch.setenv("LOOPEVAL_THREADS", "0")
+    with pytest.raises(ValueError, match="LOOPEVAL_THREADS='0'"):
+        train_twins(work / "base", work / "data.jsonl", loop="1:3x2", out=tmp_path / "c", config=CONFIG, parallel=True)
 
 
 @pytest.mark.slow
@@ -333,6 +340,9 @@ def test_heldout_loss_and_intermediate_checkpoints(tmp_path, work, tokenizer):
                          heldout=held, progress=False)
     curve = result.manifest["heldout_curve"]
     assert [p["step"] for p in curve] == [2, 4] and result.manifest["checkpoints"][0]["path"] == "checkpoint-2"
+    from loopeval.common.outputs import WRITTEN_NAME  # recorded before writing: --overwrite removes it, even if cut
+
+    assert (result.path / WRITTEN_NAME).read_text() == '"checkpoint-2"\n'
     data = load_data(held, tokenizer, max_length=64)
 
     def mean_nll(model):

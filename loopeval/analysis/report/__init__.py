@@ -25,7 +25,7 @@ from loopeval.analysis.report.checks import Check
 from loopeval.analysis.report.data import ReportData
 from loopeval.analysis.report.evaluations import RunSpec
 from loopeval.analysis.report.render import check_output, render, write_report
-from loopeval.analysis.runs import Run, pilot_label
+from loopeval.analysis.runs import Run, pair_runs, pilot_label
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
 __all__ = ["Check", "ReportData", "RunSpec", "build_report", "check_output", "render", "write_report"]
@@ -44,6 +44,7 @@ def build_report(
     selection: str = "fixed",
     alpha: float = DEFAULTS.alpha,
     margin: float = DEFAULTS.margin,
+    margins: dict[str, float] | None = None,
     training_pairs: list[tuple[str | Path, str | Path]] = (),
     serve_cost: list[str | Path] = (),
     wall_clock: bool = False,
@@ -64,7 +65,12 @@ def build_report(
     (Table 3's lower rows), and with ``sizes`` (small, large parameter counts) the
     ceiling of Eq. 4 (Table 5). ``cost`` charges layer passes (the paper's rule) or
     FLOPs; ``selection`` picks the best cheaper comparator once or in every resample;
-    ``alpha`` and ``margin`` (a fraction) are the tests' level and equivalence margin.
+    ``alpha`` and ``margin`` (a fraction) are the tests' level and accuracies' equivalence
+    margin; ``margins`` gives a continuous metric's margin in its unit (``{"nll_per_byte":
+    0.005}``; without one, no equivalence verdict). Tasks whose metrics differ in kind (a 0/1
+    accuracy and ``gsm8k_nll``'s NLL) get the two tests each, on a macro of their own kind:
+    ``ReportData.kinds``, and one condition per kind and decoding condition. Tasks without a
+    generation trace (log-likelihood scoring) are charged the loop's c per item.
     The training section (Fig. 3 and 5) draws every twin pair whose manifests hold
     held-out curves: the evaluated checkpoints', and ``training_pairs`` of (twin, looped)
     checkpoint folders. ``serve_cost`` folders (``loopeval serve-cost --out``) add the
@@ -86,26 +92,29 @@ def build_report(
     trained = training.pairs_from_paths(list(training_pairs)) + training.pairs_from_evaluations(evals)
     groups = evaluations.group(evals)
     reference = tables.reference(groups, default_scale).run
-    base_costs = {}
-    for mode in COST_MODES:
-        try:
-            base_costs[mode] = reference.cost(mode=mode)
-        except ValueError:
-            if mode == cost:
-                raise
+    base_costs = _costs(reference, None, cost)
     tasks = sorted(evals[0].run.tasks)
+    kinds = pair_runs({"reference": reference}).kinds()
+    if margins:
+        metrics = {reference.tasks[t].metric.split(",", 1)[0] for t in tasks}
+        unknown = sorted(set(margins) - metrics)
+        if unknown:
+            raise ValueError(f"margins: no metric {unknown[0]!r} in these runs (their metrics: {', '.join(sorted(metrics))})")
     first_looped = next(e for e in evals if e.looped)
     scale = None
     if wall_clock:
         scale = serving.wall_clock_scale(served, loop=first_looped.header.loop["loop"],
                                          multiplier=first_looped.header.multiplier, cost=cost, larger=extra is not None)
-    figure = figures.cost_series(groups, extra, base_costs[cost], cost=cost, n_resamples=min(n_resamples, 2000),
-                                 seed=seed)
-    conditions = tables.conditions(groups, extra, default_scale=default_scale, base_costs=base_costs, cost=cost,
-                                   selection=selection, alpha=alpha, margin=margin, n_resamples=n_resamples, seed=seed)
+    first_kind = next(iter(kinds.values()))
+    figure = figures.cost_series(groups, extra, reference.cost(first_kind, mode=cost), cost=cost,
+                                 n_resamples=min(n_resamples, 2000), seed=seed, tasks=first_kind)
+    conditions = [c for name, kind_tasks in kinds.items() for c in tables.conditions(
+        groups, extra, default_scale=default_scale, base_costs=_costs(reference, kind_tasks, cost), cost=cost,
+        selection=selection, alpha=alpha, margin=margin, margins=margins, n_resamples=n_resamples, seed=seed,
+        tasks=kind_tasks, kind=name if len(kinds) > 1 else None)]
     ceiling = None
     if extra is not None:
-        plain = next((c for c in conditions if c.condition == extra.condition), None)
+        plain = next((c for c in conditions if c.condition == extra.condition and c.param.macro.unit.fraction), None)
         twin_eval = next(e for e in evals if not e.looped and e.condition == extra.condition)
         if plain is not None and (sizes is not None or extra.header.cost.get("layer_params")):
             ceiling = tables.ceiling(plain, twin_eval, extra, first_looped.header.multiplier, sizes)
@@ -117,8 +126,10 @@ def build_report(
         cost_mode=cost,
         selection=selection,
         tasks=tasks,
+        kinds={name: list(ts) for name, ts in kinds.items()},
+        units={t: reference.tasks[t].unit for t in tasks},
         conditions=conditions,
-        decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_costs=base_costs),
+        decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_costs=base_costs, kinds=kinds),
         figure=figure if scale is None else serving.on_wall_clock(figure, scale),
         wall_clock=scale,
         checks=checks.fairness_checks(evals, groups, intended_differences, allow_subset=allow_subset),
@@ -127,7 +138,8 @@ def build_report(
         fallbacks=_fallbacks(evals),
         runs=[
             {"name": e.where.name, "model": e.run.label, "path": str(e.where), "setting": evaluations.label(*e.key),
-             "seed": e.seed, "accuracy": e.run.accuracy(), "cost": e.run.cost(mode=cost) / base_costs[cost]}
+             "seed": e.seed, "macros": {k: e.run.accuracy(ts) for k, ts in kinds.items()},
+             "cost": e.run.cost(mode=cost) / base_costs[cost]}
             for e in sorted(evals, key=lambda e: (*e.key, e.seed or 0))
         ],
         ceiling=ceiling,
@@ -145,6 +157,18 @@ def build_report(
             raise ValueError(f"fairness check failed: {message}")
         warnings.warn(f"fairness check failed (shown in the report): {message}", stacklevel=2)
     return data
+
+
+def _costs(reference: Run, tasks, cost: str) -> dict[str, float]:
+    """The reference's cost of ``tasks`` in each mode the traces allow (the report's mode must work)."""
+    out = {}
+    for mode in COST_MODES:
+        try:
+            out[mode] = reference.cost(tasks, mode=mode)
+        except ValueError:
+            if mode == cost:
+                raise
+    return out
 
 
 def _fallbacks(evals) -> list[dict]:

@@ -103,8 +103,8 @@ def manifest_checks(evals: list[Evaluation]) -> list[Check]:
 def coverage_checks(evals: list[Evaluation], *, allow_subset: bool = False) -> list[Check]:
     """Every evaluation covers all of its items; a pilot (``allow_subset``) passes and says how many."""
     short = [
-        f"{e.where.name}/{t}: {ts.n_effective} of {ts.n_original}"
-        for e in evals for t, ts in e.run.tasks.items() if ts.n_effective < ts.n_original
+        f"{e.where.name}/{t}: {ts.n} of {ts.n_full}"
+        for e in evals for t, ts in e.run.tasks.items() if ts.n < ts.n_full
     ]
     n = sum(ts.n for ts in evals[0].run.tasks.values())
     if short and allow_subset:

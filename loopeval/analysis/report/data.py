@@ -9,12 +9,14 @@ import numpy as np
 
 from loopeval.analysis.report.checks import Check
 from loopeval.analysis.report.tables import Ceiling, Condition
+from loopeval.evaluation.metrics import POINTS, Unit
 
 
 @dataclass
 class ReportData:
-    """The report's content. Numbers are fractions; templates format points with the
-    ``points``/``signed``/``pvalue`` filters. ``to_json`` writes it as JSON.
+    """The report's content. Numbers are fractions for 0/1 accuracies and the metric's unit
+    otherwise; templates format them with :meth:`show` or a comparison's own ``show``
+    (points for fractions), and p-values with the ``pvalue`` filter. ``to_json`` writes it as JSON.
 
     ``cost_mode`` is how costs are charged ("passes": the paper's layer passes, or
     "flops"); ``selection`` how the best cheaper comparator is chosen ("fixed" on the
@@ -44,6 +46,15 @@ class ReportData:
     pilot: str | None = None  # "pilot: n of N items" when built from --limit runs (--allow-subset)
     unfinished_fallback: str = "credit"  # how number-fallback verdicts of cut responses were scored
     fallbacks: list[dict] = field(default_factory=list)  # per run and task: fallback verdicts of cut responses
+    kinds: dict[str, list[str]] = field(default_factory=dict)  # kind of metric -> its tasks; one macro each
+    units: dict[str, Unit] = field(default_factory=dict)  # task -> its metric's unit
+
+    def show(self, task: str, x: float | None, *, signed: bool = False) -> str:
+        """A task's value (as its metric reports it) in its unit."""
+        return self.units.get(task, POINTS).show(x, signed=signed)
+
+    def kind_unit(self, kind: str) -> Unit:
+        return self.units.get(self.kinds[kind][0], POINTS) if kind in self.kinds else POINTS
 
     @property
     def other_cost_mode(self) -> str:

@@ -50,7 +50,9 @@ def _environment(template: Path):
 
 def _figures(data: ReportData) -> dict:
     """Every figure of the report, drawn: ``cost`` always, ``training`` with training curves."""
-    drawn = {"cost": figures.draw_cost(data.figure, cost=data.cost_mode, wall_clock=data.wall_clock is not None)}
+    kind = next(iter(data.kinds), None)
+    drawn = {"cost": figures.draw_cost(data.figure, cost=data.cost_mode, wall_clock=data.wall_clock is not None,
+                                       unit=data.kind_unit(kind), direction="lower is better" not in (kind or ""))}
     if data.training:
         drawn["training"] = training.draw(data.training)
     return drawn

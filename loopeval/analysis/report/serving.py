@@ -27,6 +27,7 @@ def section(folders: list[str | Path]) -> list[dict]:
                 "spread": {k: (v.low, v.high) for k, v in result.ratio_spreads(i).items()},
                 "notes": [c.note for c in result.checks(i) if c.note],
                 "reliable": all(c.reliable for c in result.checks(i)),
+                "unreliable": {c.name: c.note for c in result.checks(i) if not c.reliable},
             })
     return rows
 
@@ -45,6 +46,8 @@ def wall_clock_scale(rows: list[dict], *, loop: str, multiplier: float, cost: st
         raise ValueError(f"--wall-clock needs one --serve-cost measurement of the loop {loop}; "
                          f"{len(matching)} of the {len(rows)} given measure it")
     row = matching[0]
+    if "latency" in row["unreliable"]:
+        raise ValueError(f"--wall-clock: {row['folder']}'s latency is {row['unreliable']['latency']}")
     if not math.isclose(row["multiplier"], multiplier, rel_tol=1e-9):
         raise ValueError(f"--wall-clock: {row['folder']} measured c = {row['multiplier']:.4g}, the report's loop has "
                          f"c = {multiplier:.4g}")

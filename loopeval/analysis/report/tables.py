@@ -23,6 +23,7 @@ from loopeval.analysis.protocol import (
     verdict,
 )
 from loopeval.analysis.report.evaluations import Evaluation, by_seed, condition_label, label
+from loopeval.analysis.runs import cost_split, forcing_shares
 from loopeval.analysis.stats import OrderInterval, ceiling_gain, order_interval
 
 
@@ -40,7 +41,8 @@ class FlopRow:
 @dataclass(frozen=True)
 class Condition:
     """The two tests for one training variant of the loop under one decoding condition
-    (plain, or a decoding rule given to both sides)."""
+    (plain, or a decoding rule given to both sides), on the tasks of one kind of metric
+    (``kind``: ``None`` when every task shares one)."""
 
     condition: str
     variant: str
@@ -55,6 +57,9 @@ class Condition:
     finished_both: FinishedBoth | None
     seed_interval: OrderInterval | None  # a t interval over the per-seed differences (two or more seeds)
     reserves: dict[float, list[int]]  # budget scale -> the reserves budget forcing used there
+    tasks: tuple[str, ...] = ()
+    kind: str | None = None
+    forcing_split: dict = None  # budget scale -> report.forcing rows of the looped runs (budget forcing only)
 
 
 def reference(groups: dict, default_scale: float) -> Evaluation:
@@ -74,15 +79,17 @@ def _reserves(evals: list[Evaluation]) -> list[int]:
 
 
 def conditions(groups: dict, extra: Evaluation | None, *, default_scale: float, base_costs: dict[str, float],
-               cost: str, selection: str, alpha: float, margin: float, n_resamples: int, seed: int) -> list[Condition]:
+               cost: str, selection: str, alpha: float, margin: float, n_resamples: int, seed: int,
+               margins: dict[str, float] | None = None, tasks=None, kind: str | None = None) -> list[Condition]:
     """Δparam at the default budget and ΔFLOP over every budget, per decoding condition and
-    looped training variant. The best cheaper comparator is sought among every unlooped
-    evaluation of the condition: every budget and every training variant of the twin."""
+    looped training variant, on ``tasks`` (one kind of metric; ``kind`` names it in the labels).
+    The best cheaper comparator is sought among every unlooped evaluation of the condition:
+    every budget and every training variant of the twin."""
     out = []
     for cond, variant in sorted({(c, v) for (lp, c, v, _) in groups if lp}, key=lambda cv: (cv[0] != "plain", cv)):
         scales = sorted(s for (lp, c, v, s) in groups if lp and c == cond and v == variant)
         twin_scales = sorted(s for (lp, c, v, s) in groups if not lp and c == cond and v == variant)
-        name = condition_label(cond, variant)
+        name = condition_label(cond, variant) + (f", {kind}" if kind else "")
         if default_scale not in scales or default_scale not in twin_scales:
             missing = "looped" if default_scale not in scales else "twin"
             runs = ", ".join(str(e.where) for s in scales for e in groups[(True, cond, variant, s)])
@@ -96,7 +103,7 @@ def conditions(groups: dict, extra: Evaluation | None, *, default_scale: float, 
                 raise ValueError(
                     f"{name} at {s:g}×: {len(ls)} looped run(s) but {len(twin[s])} twin run(s); give one of each per seed"
                 )
-        options = dict(alpha=alpha, margin=margin, n_resamples=n_resamples, seed=seed)
+        options = dict(alpha=alpha, margin=margin, margins=margins, n_resamples=n_resamples, seed=seed, tasks=tasks)
         param = delta_param(by_seed(twin[default_scale]), by_seed(looped[default_scale]), **options)
         unlooped = {label(False, c, v, s): by_seed(members)
                     for (lp, c, v, s), members in groups.items() if not lp and c == cond}
@@ -125,6 +132,9 @@ def conditions(groups: dict, extra: Evaluation | None, *, default_scale: float, 
             finished_both=both,
             seed_interval=order_interval({"seeds": list(per_seed)}) if len(per_seed) >= 2 else None,
             reserves={s: _reserves(looped[s] + twin.get(s, [])) for s in scales},
+            tasks=tuple(tasks or param.tasks), kind=kind,
+            forcing_split={s: forcing_rows(looped[s], twin.get(s), param.tasks) for s in scales}
+            if cond.startswith("budget forcing") else {},
         ))
     return out
 
@@ -146,8 +156,25 @@ def _answered(run) -> dict[str, float | None]:
     return {task: None if ts.answered is None else float(ts.answered.mean()) for task, ts in run.tasks.items()}
 
 
-def decoding_rows(groups: dict, tasks: list[str], *, default_scale: float, base_costs: dict[str, float]) -> list[dict]:
-    """Table 4: per setting at the default budget, accuracy per task and macro, the share
+def forcing_rows(looped: list[Evaluation], twin: list[Evaluation] | None, tasks) -> dict | None:
+    """Budget forcing's share of the looped runs' cost at one budget (seeds pooled): requests it
+    fired on, the share of generated tokens after the forced answer, and the realised layer-pass
+    cost relative to the same-budget twin's, split before / after the forced answer (the twin's
+    own split beside it), on ``tasks``. ``None`` when none of them generates."""
+    first = looped[0].run
+    tasks = [t for t in tasks if first.tasks[t].generative and first.tasks[t].trace is not None]
+    if not tasks:
+        return None
+    mine = forcing_shares([e.run for e in looped], tasks)
+    theirs = forcing_shares([e.run for e in twin], tasks) if twin else None
+    base = (theirs or mine)["total"]
+    return {"looped": cost_split(mine, base), **({"twin": cost_split(theirs, base)} if theirs else {})}
+
+
+def decoding_rows(groups: dict, tasks: list[str], *, default_scale: float, base_costs: dict[str, float],
+                  kinds: dict[str, tuple[str, ...]] | None = None) -> list[dict]:
+    """Table 4: per setting at the default budget, each task's score (as its metric reports
+    it) and one macro per kind of metric (``kinds``; default: one over every task), the share
     of responses that finished (ended by end-of-sequence or a stop, from the trace) and
     that gave a scored answer (from the samples), and the cost relative to the reference
     in each cost mode."""
@@ -167,7 +194,7 @@ def decoding_rows(groups: dict, tasks: list[str], *, default_scale: float, base_
         rows.append({
             "setting": label(lp, cond, variant),
             "accuracy": {t: float(np.mean([r.tasks[t].accuracy for r in runs])) for t in tasks},
-            "macro": float(np.mean([r.accuracy() for r in runs])),
+            "macros": {k: float(np.mean([r.accuracy(ts) for r in runs])) for k, ts in (kinds or {"": tasks}).items()},
             "finished": {t: _mean_or_none([f[t] for f in finished]) for t in tasks},
             "answered": {t: _mean_or_none([a[t] for a in answered]) for t in tasks},
             "cost": costs,
@@ -209,7 +236,7 @@ def ceiling(condition: Condition, twin: Evaluation, extra: Evaluation, multiplie
     if small is None or large is None:
         raise ValueError("the ceiling (Table 5) needs the two models' sizes: give --sizes SMALL LARGE "
                          "(parameter counts), since a trace without layer sizes cannot tell them")
-    acc_small, acc_large = condition.param.macro.baseline_accuracy, extra.run.accuracy()
+    acc_small, acc_large = condition.param.macro.baseline_accuracy, extra.run.accuracy(condition.tasks or None)
     return Ceiling(c=multiplier, params_small=small, params_large=large, accuracy_small=acc_small,
                    accuracy_large=acc_large, delta_star=ceiling_gain(multiplier, small, large, acc_small, acc_large),
                    param=condition.param)

@@ -176,12 +176,15 @@ class Resampler:
         except ValueError:
             raise ValueError(f"unknown system {system!r}; this resampler has {list(self.systems)}") from None
 
-    def _benchmarks(self, benchmark: str | None) -> tuple[str, ...]:
+    def _benchmarks(self, benchmark: str | tuple[str, ...] | None) -> tuple[str, ...]:
+        """One benchmark, a macro over a tuple of them, or over all of them (``None``)."""
         if benchmark is None:
             return self.benchmarks
-        if benchmark not in self._table:
-            raise ValueError(f"unknown benchmark {benchmark!r}; this resampler has {list(self.benchmarks)}")
-        return (benchmark,)
+        chosen = benchmark if isinstance(benchmark, tuple) else (benchmark,)
+        unknown = [b for b in chosen if b not in self._table]
+        if unknown or not chosen:
+            raise ValueError(f"unknown benchmark {(unknown or [benchmark])[0]!r}; this resampler has {list(self.benchmarks)}")
+        return chosen
 
     def n(self, benchmark: str | None = None) -> int:
         """Number of items: of one benchmark, or of all together."""
@@ -245,8 +248,12 @@ class Resampler:
 
     def tost(self, baseline: str, candidate: str, *, benchmark: str | None = None, margin: float = DEFAULTS.margin,
              alpha: float = DEFAULTS.alpha) -> TOSTResult:
-        """Equivalence of candidate and baseline within ``±margin`` (a fraction) at level ``alpha``."""
-        fraction("margin", margin, closed=False)
+        """Equivalence of candidate and baseline within ``±margin`` at level ``alpha``: a fraction
+        when every score is one (0/1 accuracies), else a positive number in the scores' unit."""
+        if all(np.all((self._table[b] >= 0) & (self._table[b] <= 1)) for b in self._benchmarks(benchmark)):
+            fraction("margin", margin, closed=False)
+        elif not (isinstance(margin, (int, float)) and np.isfinite(margin) and margin > 0):
+            raise ValueError(f"margin must be a positive number in the scores' unit, got {margin!r}")
         if not 0 < alpha < 0.5:
             raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
         d = self._difference(baseline, candidate, benchmark)

@@ -8,6 +8,8 @@ two-sided, and p<0.001 marks the resampling floor. Equivalence means a 90% inter
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from loopeval.common.args import as_float, as_int
@@ -19,6 +21,19 @@ def as_fraction(name: str, value) -> float:
     if not 0 < number < 1:
         raise ValueError(f"{name}={value!r}: expected a fraction in (0, 1) (fractions, not points: 2 points is 0.02)")
     return number
+
+
+def as_margins(name: str, value) -> dict[str, float]:
+    """Equivalence margins per metric: ``{lm-eval metric name: margin in its unit}``."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name}={value!r}: expected a mapping of metric name to margin, e.g. {{nll_per_byte: 0.005}}")
+    out = {}
+    for metric, margin in value.items():
+        number = as_float(f"{name}.{metric}", margin)
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError(f"{name}.{metric}={margin!r}: expected a positive margin in the metric's unit")
+        out[str(metric)] = number
+    return out
 
 
 COST_MODES = ("passes", "flops")
@@ -40,7 +55,10 @@ class StatOptions:
     alpha: float = field(default=0.05, metadata={"parse": as_fraction,
         "help": "two-sided level of the tests; TOST uses the (1 - 2 alpha) interval, A.5's 90%"})
     margin: float = field(default=0.02, metadata={"parse": as_fraction,
-        "help": "equivalence margin as a fraction; A.5: 'a 90% interval within ±2 points' (0.02)"})
+        "help": "equivalence margin of accuracies, a fraction; A.5: 'a 90% interval within ±2 points' (0.02)"})
+    margins: Mapping[str, float] = field(default_factory=dict, metadata={"parse": as_margins,
+        "help": "equivalence margin of a metric in its own unit, by lm-eval metric name (e.g. nll_per_byte: 0.005); "
+                "a continuous metric without one gets no equivalence verdict"})
 
     cost: str = field(default="passes", metadata={
         "help": "what a loop is charged: passes (A.2's layer passes) or flops", "choices": COST_MODES})

@@ -65,13 +65,16 @@ def power(pilot_a, pilot_b, *, alpha: float = DEFAULTS.alpha, power: float = 0.8
         raise ValueError(f"power must lie in (0, 1), got {power!r}")
     if n is not None:
         _positive_int(n, "n")
-    if delta is not None:
-        fraction("delta", delta, low=-1, high=1, closed=False)
-        if delta == 0:
-            raise ValueError("delta must be a non-zero difference (a fraction)")
     if isinstance(pilot_a, Mapping) != isinstance(pilot_b, Mapping):
         raise ValueError("pilot_a and pilot_b must both be arrays or both be {benchmark: array} mappings")
     table = score_table({"pilot_a": pilot_a, "pilot_b": pilot_b})
+    if delta is not None:
+        if all(np.all((x >= 0) & (x <= 1)) for x in table.values()):  # fractions: the difference is one too
+            fraction("delta", delta, low=-1, high=1, closed=False)
+        elif not (isinstance(delta, (int, float)) and math.isfinite(delta)):
+            raise ValueError(f"delta must be a finite difference in the scores' unit, got {delta!r}")
+        if delta == 0:
+            raise ValueError("delta must be a non-zero difference")
     for bench, x in table.items():
         if len(x) < 2:
             where = f" on benchmark {bench!r}" if bench else ""

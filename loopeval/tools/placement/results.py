@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from loopeval.common.jsonl import read_jsonl
+from loopeval.common.jsonl import append_jsonl, read_jsonl, repair_tail
 
 PLACEMENTS_NAME = "placements.jsonl"
 SETTINGS_NAME = "search.json"
@@ -81,13 +80,14 @@ _OPTIONAL = ("ppl_t_ci", "ratio_ci", "test_documents")
 
 
 def read_placements(path: str | Path) -> list[PlacementRow]:
-    """The rows of a ``placements.jsonl``; a bad line is a ``ValueError`` naming the file and line."""
+    """The rows of a ``placements.jsonl``; a bad line is a ``ValueError`` naming the file and line,
+    but a last line cut by a crash is moved to ``placements.jsonl.cut`` (that candidate is scored again)."""
+    repair_tail(path)
     return [row for _, row in read_jsonl(path, lambda lineno, d: PlacementRow.from_dict(d), what="placements")]
 
 
 def append_placement(path: Path, row: PlacementRow) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(row.to_dict()) + "\n")
+    append_jsonl(path, [row.to_dict()])
 
 
 def ranked(rows: list[PlacementRow], rank_by: str = "ppl_t") -> list[PlacementRow]:

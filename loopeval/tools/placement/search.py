@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from loopeval.common.allocator import keep_freed_memory
-from loopeval.common.threads import adjust_threads, configure_threads
+from loopeval.common.threads import configure_threads
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
 from loopeval.tools.placement.calibration import (TEMPERATURE_BOUNDS, TOLERANCE, FitChunk, Reference, TestSums,
@@ -223,12 +223,12 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     settings = _settings(model_name, num_layers, text, seq_len=seq_len, val_fraction=val_fraction,
                          max_tokens=max_tokens, dtype=_expected_dtype(model, dtype))
     _check_resume(out, settings)  # before the weights load
+    configure_threads()
     if not isinstance(model, nn.Module):
         from loopeval.core.checkpoint import load_model
 
         model, _ = load_model(model, dtype=getattr(torch, dtype) if dtype else "auto")
         model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    configure_threads()
     keep_freed_memory()
     layers = decoder_layers(model)
     if mlp_loop:
@@ -319,16 +319,17 @@ class _Search:
         self.base: dict[tuple, torch.Tensor] = {}  # the unlooped final hidden states of each test batch
         self.base_temperature = 1.0  # the unlooped model's T*: where each candidate's fit starts
         self.scored = self.fit_evaluations = 0
-        # the bar counts (candidate, text batch) steps, shown in candidates
+        # the bar counts whole candidates, written; its postfix the text batches of the round under way
         self.steps = sum(len(b) for b in self.batches.values())
+        self.step = 0
         self.val_tokens = sum(int((labels[:, 1:] != -100).sum()) for _, _, labels, _ in batches["val"])
         self.test_documents = test_documents
         self.counts = resample_counts(test_documents)  # every candidate's interval uses the same resamples
         self.base_doc_nll_t = None
-        self.bar = tqdm(total=0, unit="cand", unit_scale=1 / self.steps, disable=not progress, dynamic_ncols=True)
+        self.bar = tqdm(total=0, unit="cand", disable=not progress, dynamic_ncols=True)
 
     def bar_add(self, n: int) -> None:
-        self.bar.total += n * self.steps
+        self.bar.total += n
         self.bar.refresh()
 
     def close(self) -> None:
@@ -338,8 +339,10 @@ class _Search:
         self.bar.write(f"place: {message}", file=sys.stderr)
 
     def _advance(self, candidates: int) -> None:
-        self.bar.update(candidates)
-        adjust_threads()
+        """One text batch of ``candidates`` candidates done (shown in the postfix; 0: not counted)."""
+        if candidates:
+            self.step = self.step % self.steps + 1
+            self.bar.set_postfix_str(f"{candidates} in this round, text batch {self.step}/{self.steps}")
 
     def _fit(self, kept: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
         fit = self.scorer.fit(kept, targets, self.base_temperature)
@@ -415,3 +418,4 @@ class _Search:
         append_placement(self.path, row)
         self.rows[row.key] = row
         self.scored += 1
+        self.bar.update(1)

@@ -3,7 +3,8 @@ and in parallel, then the two-test report.
 
 * :mod:`~loopeval.tools.study.spec`: the study file, validated completely before anything runs;
 * :mod:`~loopeval.tools.study.plan`: the evaluations, their folders and the checks before compute;
-* :mod:`~loopeval.tools.study.execute`: lm-eval runs, in one process or parallel workers.
+* :mod:`~loopeval.tools.study.execute`: lm-eval runs, in one process or parallel workers;
+* :mod:`~loopeval.tools.study.ray_backend`: the same runs as Ray tasks, on a cluster.
 
 A rerun skips every evaluation already done, restarts a killed one from its resume
 store, and rebuilds the report; ``--report-only`` rebuilds only the report.
@@ -15,12 +16,12 @@ import fnmatch
 from contextlib import nullcontext
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loopeval.common.outputs import folder_lock
 from loopeval.tools.study.plan import Evaluation, check_before_compute, expand, expected_cost, status
-from loopeval.tools.study.spec import Study, load_study
+from loopeval.tools.study.spec import RayOptions, Study, load_study
 
 __all__ = ["StudyResult", "load_study", "run_study"]
 
@@ -42,18 +43,25 @@ class StudyResult:
 
 def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = None, report_only: bool = False,
               workers: int = 1, devices: list[str] | None = None, progress: bool = True,
-              rerun: bool = True, report: bool = True) -> StudyResult:
+              rerun: bool = True, report: bool = True, ray: bool | str | None = None) -> StudyResult:
     """Validate the study at ``path``, run what is not done yet (``only``: the evaluations
     whose names match a glob pattern), and write ``OUTPUT/report.html`` and ``report.json``.
     A finished evaluation made with other settings or weights is run again (``rerun=False``:
     refused, naming what changed).
     ``devices`` runs one worker per device; ``workers`` runs that many CPU workers.
-    ``report=False`` runs the evaluations and writes no report (``StudyResult.report`` None)."""
+    ``report=False`` runs the evaluations and writes no report (``StudyResult.report`` None).
+    ``ray``: run them as Ray tasks (True, or a cluster address) or not (False); ``None``: as
+    the study's ``ray:`` key says, unless ``workers`` or ``devices`` are given (docs/protocol.md,
+    "On a Ray cluster")."""
     from loopeval.tools.study.execute import run_parallel
 
     study = load_study(path)
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    if ray and (devices or workers > 1):
+        raise ValueError("--ray schedules the evaluations itself: give it without --workers or --devices")
+    on_ray = _ray_options(study, study.ray is not None and not devices and workers == 1 if ray is None else ray)
+    study = replace(study, ray=on_ray)
     evaluations = expand(study)
     chosen = [e for e in evaluations if only is None or fnmatch.fnmatch(e.name, only)]
     if not chosen:
@@ -75,7 +83,11 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
             cost = expected_cost(study, chosen)
             _print_plan(study, chosen, todo, cost)
             return StudyResult(study, {**outcomes, **{e.name: "planned" for e in todo}}, None)
-        if todo and not report_only:
+        if todo and not report_only and on_ray is not None:
+            from loopeval.tools.study.ray_backend import run_on_ray
+
+            outcomes.update(run_on_ray(todo, study, on_ray, expected=expected_cost(study, todo), progress=progress))
+        elif todo and not report_only:
             expected = expected_cost(study, todo) if len(devices or [None] * workers) > 1 else {}
             outcomes.update(run_parallel(todo, study, devices=devices or [None] * workers, expected=expected,
                                          progress=progress))
@@ -87,6 +99,17 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
                   f"{'...' if len(missing) > 3 else ''})", file=sys.stderr)
             return StudyResult(study, outcomes, None)
         return StudyResult(study, outcomes, write_study_report(study, evaluations))
+
+
+def _ray_options(study: Study, ray: bool | str) -> RayOptions | None:
+    """The Ray options a run uses, checked before anything runs (an address given here overrides the study's)."""
+    if ray is False:
+        return None
+    from loopeval.tools.study.ray_backend import import_ray
+
+    import_ray()
+    options = study.ray or RayOptions()
+    return replace(options, address=ray) if isinstance(ray, str) and ray else options
 
 
 def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
@@ -104,6 +127,7 @@ def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
         [spec(e) for e in evaluations if e.model.role == "looped"],
         larger=spec(larger[0]) if larger else None, sizes=report.get("sizes"), default_scale=study.default_scale,
         cost=options.cost, selection=options.selection, alpha=options.alpha, margin=options.margin,
+        margins=dict(options.margins),
         n_resamples=options.n_resamples, seed=options.seed,
         title=report.get("title") or f"{study.name}: does the loop pay for its compute?",
         strict=report.get("strict", False), intended_differences=study.intended_differences,

@@ -147,6 +147,9 @@ def run_parallel(evaluations: list[Evaluation], study: Study, *, devices: list[s
     this process."""
     from tqdm.auto import tqdm
 
+    from loopeval.common.threads import requested_threads
+
+    requested_threads()  # a bad LOOPEVAL_THREADS is refused once, before any evaluation loads weights
     outcome: dict[str, str] = {}
     total = tqdm(total=len(evaluations), desc="evaluations", unit="eval", disable=not progress, file=sys.stdout)
     if len(devices) == 1:

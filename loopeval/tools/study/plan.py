@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loopeval.common.args import as_bool
+from loopeval.evaluation.local_data import check_local_tasks
 from loopeval.tools.study.spec import DecodingSpec, ModelSpec, Study
 
 SPEC_NAME = "loopeval_evaluation.json"
@@ -110,11 +111,14 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
     """Everything that can be known before any weights load: the tasks exist, each model's
     loop fits its config, twins and looped models get the same per-model args (unless the
     study names the difference in ``intended_differences``), twins share their training
-    manifest, and no finished folder was made with other settings."""
+    manifest, the data of local tasks (``loopeval local-tasks``) reads, and no finished
+    folder was made with other settings."""
     from loopeval.core.loop import resolve_loop
     from loopeval.training.manifest import find_manifest, twin_mismatches
 
     _check_tasks(study)
+    check_local_tasks(study.include_path)
+    _check_full_test_sets(study)
     _check_device(study)
     _check_reserves(study)
     for i, m in enumerate(study.models):
@@ -149,7 +153,7 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
 
 def _check_device(study: Study) -> None:
     device = str(study.lm_eval.get("device") or "")
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and study.ray is None:  # on Ray, the cluster's GPUs are checked (ray_backend)
         import torch
 
         if not torch.cuda.is_available():
@@ -222,6 +226,22 @@ def _check_tasks(study: Study) -> None:
         if task not in known:
             raise ValueError(f"{study.path}: tasks[{i}]: lm-eval cannot find task or group {task!r} "
                              f"(searched loopeval's tasks{' and ' + ', '.join(study.include_path) if study.include_path else ''})")
+
+
+def _check_full_test_sets(study: Study) -> None:
+    """Without ``pilot: true``, every task must read its full test set: a local data file holding a
+    subset makes a pilot, which the report would refuse after every evaluation had run."""
+    if study.pilot:
+        return
+    from lm_eval.tasks import get_task_dict
+
+    from loopeval.evaluation.metrics import full_size
+
+    for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items():
+        n = len(task.eval_docs)
+        if n < full_size(name, n):
+            raise ValueError(f"{study.path}: tasks: {name}: its data holds {n} of the task's {full_size(name, n)} test "
+                             "items (a local file with a subset?); a run of a subset of the items is a pilot; set pilot: true")
 
 
 def expected_cost(study: Study, evaluations: list[Evaluation]) -> dict[str, float]:

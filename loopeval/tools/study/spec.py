@@ -10,19 +10,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from loopeval.common.args import as_bool, as_field, as_float, as_int
+from loopeval.common.args import as_bool, as_field, as_float, as_int, as_text
 from loopeval.core.spec import LOOP_OPTIONS, option_fields
+from loopeval.evaluation.identity import GENERATION_KWARGS, PROMPTS, SETTINGS, TASK_VERSION, WEIGHTS
 from loopeval.evaluation.settings import DECODING_OPTIONS, DecodingOptions
 from loopeval.analysis.stats.options import STAT_OPTIONS, StatOptions
 
 ROLES = ("twin", "looped", "larger")
 STUDY_KEYS = ("name", "output", "models", "tasks", "include_path", "budgets", "decoding", "lm_eval", "statistics",
-              "report", "intended_differences", "allow_manifest_mismatch", "pilot")
+              "report", "intended_differences", "allow_manifest_mismatch", "pilot", "ray")
 MODEL_KEYS = ("name", "path", "base", "loop", *LOOP_OPTIONS, "role", "seed", "variant", "model_args")
 LM_EVAL_KEYS = ("batch_size", "dtype", "device", "apply_chat_template", "num_fewshot", "system_instruction",
                 "fewshot_as_multiturn", "gen_kwargs", "model_args", "limit")
 STATISTICS_KEYS = (*STAT_OPTIONS, "default_scale")
 REPORT_KEYS = ("title", "sizes", "strict", "latex")
+RUNNER_KEYS = ("pretrained", "budget_scale", "trace", "resume_dir")
+"""``looped`` model args the runner sets for every evaluation (``plan.Evaluation.model_args``):
+from ``path:``, ``budgets:`` and the output folder. Given in a ``model_args`` they would be
+overwritten, so they are refused there."""
+INTENDED = (*SETTINGS, PROMPTS, GENERATION_KWARGS, TASK_VERSION, WEIGHTS)
+"""The identity parts ``intended_differences`` may name (besides a per-model ``model_args`` key)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,20 @@ class DecodingSpec:
 
 
 @dataclass(frozen=True)
+class RayOptions:
+    """The study's ``ray:`` key (``ray: true`` for the defaults, ``ray: ADDRESS``): where the Ray cluster is
+    and what each evaluation asks it for (docs/protocol.md, "On a Ray cluster")."""
+
+    address: str | None = None  # None: RAY_ADDRESS, else a new local Ray; "auto": the cluster of `ray start`
+    cpus: float = 1.0  # CPUs per evaluation (its torch threads)
+    gpus: float | None = None  # GPUs per engine rank; None: 1 where the evaluation runs on CUDA, else 0
+    retries: int = 2  # attempts after the first, for a failed or lost task
+
+
+RAY_KEYS = tuple(f.name for f in fields(RayOptions))
+
+
+@dataclass(frozen=True)
 class Study:
     path: Path
     name: str
@@ -66,6 +87,7 @@ class Study:
     intended_differences: tuple[str, ...]
     allow_manifest_mismatch: bool
     pilot: bool = False  # lm_eval.limit runs, reported as "pilot: n of N items" with no final verdict
+    ray: RayOptions | None = None  # run the evaluations as Ray tasks
 
 
 class _Where:
@@ -112,6 +134,11 @@ def load_study(path: str | Path) -> Study:
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
     w = _Where(path)
+    if raw is None:
+        raise ValueError(f"{path}: the study file is empty; it needs at least output, models and tasks (docs/protocol.md)")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: the study file holds a {type(raw).__name__}, not a mapping of study keys "
+                         f"({', '.join(STUDY_KEYS)})")
     raw = w.mapping(raw, "", STUDY_KEYS)
     for key in ("models", "tasks", "output"):
         if key not in raw:
@@ -146,7 +173,7 @@ def load_study(path: str | Path) -> Study:
                           for f in option_fields() if m.get(f.name) is not None},
             seed=None if m.get("seed") is None else w.typed(f"{key}.seed", as_int, m["seed"], minimum=0),
             variant=None if m.get("variant") is None else str(m["variant"]),
-            model_args=dict(w.mapping(m.get("model_args") or {}, f"{key}.model_args", _ANY)),
+            model_args=_model_args(w, m.get("model_args"), f"{key}.model_args"),
         ))
     _check_names(w, "models", [m.name for m in models])
     for i, m in enumerate(models):
@@ -160,6 +187,9 @@ def load_study(path: str | Path) -> Study:
     include = raw.get("include_path") or []
     include = [include] if isinstance(include, str) else include
     include = [local(str(p)) for p in include]
+    for i, folder in enumerate(include):
+        if not Path(folder).is_dir():
+            raise w.error(f"include_path[{i}]", f"{folder}: no such folder (relative paths are read from {here})")
 
     statistics = dict(w.mapping(raw.get("statistics") or {}, "statistics", STATISTICS_KEYS))
     default_scale = w.typed("statistics.default_scale", as_float, statistics.get("default_scale", 1.0), positive=True)
@@ -174,7 +204,7 @@ def load_study(path: str | Path) -> Study:
     for i, d in enumerate(decoding):
         _check_folder_name(w, f"decoding[{i}].name", d.name)
     lm_eval = dict(w.mapping(raw.get("lm_eval") or {}, "lm_eval", LM_EVAL_KEYS))
-    shared_loop = sorted(k for k in w.mapping(lm_eval.get("model_args") or {}, "lm_eval.model_args", _ANY)
+    shared_loop = sorted(k for k in _model_args(w, lm_eval.get("model_args"), "lm_eval.model_args")
                          if k == "loop" or k.startswith("loop_") or k == "exit_after")
     if shared_loop:
         raise w.error(f"lm_eval.model_args.{shared_loop[0]}", "a shared loop setting would loop the twin too; "
@@ -206,6 +236,11 @@ def load_study(path: str | Path) -> Study:
     intended = raw.get("intended_differences") or []
     if not isinstance(intended, list):
         raise w.error("intended_differences", "expected a list of setting names")
+    known = (*INTENDED, *sorted({k for m in models for k in m.model_args}))
+    for i, name in enumerate(intended):
+        if name not in known:
+            raise w.error(f"intended_differences[{i}]", f"{name!r} is not a setting that can differ; "
+                          f"choose from {', '.join(known)}")
     output = (here / str(raw["output"])).resolve()
     if output.exists() and not output.is_dir():
         raise w.error("output", f"{output} is a file; give a folder for the study's evaluations and report")
@@ -217,8 +252,19 @@ def load_study(path: str | Path) -> Study:
                                                     statistics[f.name]) for f in fields(StatOptions) if f.name in statistics}),
         intended_differences=tuple(str(x) for x in intended),
         allow_manifest_mismatch=w.typed("allow_manifest_mismatch", as_bool, raw.get("allow_manifest_mismatch", False)),
-        pilot=pilot,
+        pilot=pilot, ray=_ray(w, raw.get("ray", False)),
     )
+
+
+def _model_args(w: _Where, value, key: str) -> dict:
+    """A ``model_args`` mapping; a key the runner sets itself (:data:`RUNNER_KEYS`) is refused."""
+    args = dict(w.mapping(value or {}, key, _ANY))
+    owned = [k for k in RUNNER_KEYS if k in args]
+    if owned:
+        source = {"pretrained": "the model's path:", "budget_scale": "budgets:"}.get(owned[0], "the study's output folder")
+        raise w.error(f"{key}.{owned[0]}", f"set by the runner for every evaluation (from {source}); "
+                      "it would be overwritten, so it cannot be given here")
+    return args
 
 
 def _unique_key_loader():
@@ -289,3 +335,21 @@ def _decoding(w: _Where, entries) -> tuple[DecodingSpec, ...]:
         out.append(DecodingSpec(name, d))
     _check_names(w, "decoding", [d.name for d in out])
     return tuple(out)
+
+
+def _ray(w: _Where, value) -> RayOptions | None:
+    if isinstance(value, bool) or value is None:
+        return RayOptions() if value else None
+    if isinstance(value, str):
+        return RayOptions(address=value)
+    given = {k: v for k, v in w.mapping(value, "ray", RAY_KEYS).items() if v is not None}
+    parse = {"address": lambda n, v: as_text(n, str(v)), "cpus": lambda n, v: as_float(n, v, positive=True),
+             "gpus": _non_negative, "retries": lambda n, v: as_int(n, v, minimum=0)}
+    return RayOptions(**{k: w.typed(f"ray.{k}", parse[k], v) for k, v in given.items()})
+
+
+def _non_negative(name: str, value) -> float:
+    number = as_float(name, value)
+    if number < 0:
+        raise ValueError(f"{name}={value!r}: must be >= 0")
+    return number

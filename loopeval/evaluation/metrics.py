@@ -1,0 +1,92 @@
+"""What a task's metric is: its unit, and the size of the test set it is computed on.
+
+One registry for loopeval's own tasks (``tasks/``): the continuous metrics with their
+units (:data:`OWN_UNITS`) and each task's full test set (:data:`TEST_SET_SIZES`). Any other
+lm-eval metric is read by content: per-item scores that are all fractions in [0, 1] (a 0/1
+accuracy, or its mean over repeats) are shown in percentage points; anything else keeps
+its own unit, named after the metric. The direction is lm-eval's ``higher_is_better``.
+
+A comparison never averages two units into one macro, and only a fraction has a default
+equivalence margin (A.5: "Equivalence means a 90% interval within ±2 points"); a
+continuous metric is shown equivalent only within a margin given in its own unit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Unit:
+    """How a metric's values read: ``name`` as shown ("points", "nats per byte"), ``scale``
+    from the stored value to the shown one (100 for a fraction shown in points), ``digits``
+    shown, and whether values are ``fraction``s in [0, 1] (margins then fractions too)."""
+
+    name: str
+    scale: float = 1.0
+    digits: int = 4
+    fraction: bool = False
+
+    def show(self, x: float | None, *, signed: bool = False) -> str:
+        """``x`` (a stored value) as shown: ``POINTS.show(0.041, signed=True) == '+4.1'``; ``'–'`` for None."""
+        if x is None or (isinstance(x, float) and math.isnan(x)):
+            return "–"
+        value = round(self.scale * x, self.digits) + 0.0  # + 0.0 turns -0.0 into 0.0
+        return f"{value:+.{self.digits}f}" if signed else f"{value:.{self.digits}f}"
+
+    def amount(self, x: float, *, signed: bool = False) -> str:
+        """``x`` with the unit's name: ``'2.0 points'``, ``'0.0050 nats per byte'``."""
+        return f"{self.show(x, signed=signed)} {self.name}"
+
+    def check_margin(self, name: str, value) -> float:
+        """A margin in this unit: a fraction in (0, 1) for a fraction, else any positive number."""
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        if ok and (not self.fraction or value < 1):
+            return float(value)
+        hint = f" (fractions, not points: {value:g} points is {value / 100:g})" if self.fraction and ok else ""
+        want = "a fraction in (0, 1)" if self.fraction else f"a positive number in {self.name}"
+        raise ValueError(f"{name}={value!r}: expected {want}{hint}")
+
+
+POINTS = Unit("points", scale=100.0, digits=1, fraction=True)
+"""A 0/1 accuracy (or a mean of 0/1 scores): stored as a fraction, shown in points."""
+
+OWN_UNITS: dict[str, Unit] = {
+    "nll_per_byte": Unit("nats per byte", digits=4),  # gsm8k_nll: -log p(solution) / UTF-8 bytes
+    "loglikelihood": Unit("nats", digits=2),  # gsm8k_nll: log p(solution), summed over its tokens
+    "solution_bytes": Unit("bytes", digits=1),
+}
+"""The continuous metrics of loopeval's own tasks, by lm-eval metric name."""
+
+TEST_SET_SIZES: dict[str, int] = {
+    **dict.fromkeys(("gsm8k_boxed", "gsm8k_boxed_think", "gsm8k_nll"), 1319),  # openai/gsm8k main test
+    **dict.fromkeys(("math500_boxed", "math500_boxed_think"), 500),
+    **dict.fromkeys(("aime24_boxed", "aime24_boxed_think", "aime25_boxed", "aime25_boxed_think"), 30),
+    **dict.fromkeys(("gpqa_diamond_boxed", "gpqa_diamond_boxed_think"), 198),
+    "mmlu_pro_2k": 2000,  # the fixed subset of tasks/utils.py
+    "arc_challenge_letter": 1172,  # ARC-Challenge test
+    "commonsenseqa_letter": 1221,  # CommonsenseQA validation
+}
+"""Items in the full test set of each of loopeval's tasks: a run over fewer (a local file
+holding a subset, or ``--limit``) is a pilot of that many."""
+
+
+def unit_of(metric: str, scores) -> Unit:
+    """The unit of lm-eval metric ``metric`` ("name" or "name,filter") given its per-item
+    ``scores``: loopeval's registry, else points for fractions in [0, 1], else the metric's own."""
+    name = metric.split(",", 1)[0]
+    if name in OWN_UNITS:
+        return OWN_UNITS[name]
+    values = np.asarray(scores, dtype=float)
+    if values.size and np.all((values >= 0) & (values <= 1)):
+        return POINTS
+    return Unit(name)
+
+
+def full_size(task: str, n_original: int) -> int:
+    """Items of ``task``'s full test set: the registry's count for loopeval's tasks, else
+    what lm-eval found (``n_original``: all a local file or dataset held)."""
+    return max(TEST_SET_SIZES.get(task, 0), n_original)
