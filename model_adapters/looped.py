@@ -62,6 +62,10 @@ from loopeval.evaluation.serving import CACHES, check_compile_backend, generatio
 from loopeval.evaluation.trace import DecodingSettings, TraceHeader, TraceItem, TraceWriter, prompt_hash
 
 
+ENGINES = ("hf", "vllm")
+"""Where ``looped`` generates: transformers' ``generate``, or vLLM (``engine=vllm``)."""
+
+
 @dataclass(frozen=True)
 class AdapterArgs:
     """The model args of ``looped`` itself (beside the loop's and the decoding options').
@@ -75,6 +79,8 @@ class AdapterArgs:
     under ``torch.compile``, which needs ``static``) are passed to ``generate``
     (:func:`loopeval.evaluation.serving.generation_options`); they change speed, not
     outputs, so the trace records them beside, not among, the shared decoding settings.
+    ``engine``: ``hf`` (transformers' ``generate``) or ``vllm`` (``looped_vllm.LoopedVLLM``:
+    the same args on vLLM, docs/engine.md).
     """
 
     exit_after: int | None = field(default=None, metadata={"parse": lambda n, v: as_int(n, v, minimum=1)})
@@ -83,6 +89,7 @@ class AdapterArgs:
     resume_dir: str | None = field(default=None, metadata={"parse": lambda n, v: _folder(n, v)})
     cache_implementation: str = field(default="dynamic", metadata={"choices": CACHES})
     compile: bool = False
+    engine: str = field(default="hf", metadata={"choices": ENGINES})
 
 
 def _loop_fields() -> list:
@@ -225,8 +232,30 @@ def check_chat_template(source: str, **tokenizer_kwargs) -> None:
                          f"(a GGUF without one, such as Gemma 3 270M's, imports none); {fix}")
 
 
-class LoopedLM(HFLM):
+class ScoringTrace:
+    """Scoring requests (loglikelihood) open the trace first, so a scoring-only run's header is on record.
+    A base of ``LoopedLM`` and of the engine's ``LoopedVLLM``, before their lm-eval class."""
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        if requests:
+            self._open_trace([r.args[0] for r in requests[:4]], 16)
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        if requests:
+            self._open_trace([r.args[0] for r in requests[:4]], 16)
+        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
+
+
+class LoopedLM(ScoringTrace, HFLM):
     """``HFLM`` with a loop, decoding rules and a per-item trace (see the module docstring)."""
+
+    def __new__(cls, pretrained=None, **kwargs):
+        if str(kwargs.get("engine", "hf")).strip().lower() == "vllm":
+            from loopeval.evaluation.model_adapters.looped_vllm import LoopedVLLM
+
+            return LoopedVLLM(pretrained, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, pretrained, **kwargs) -> None:
         unknown = sorted(set(kwargs) - set(_valid_args()))
@@ -510,16 +539,6 @@ class LoopedLM(HFLM):
         if self.args.trace is not None and self._trace_writer is None:
             self._trace_writer = TraceWriter(self.args.trace, self.trace_header(), rank=self.rank,
                                              world_size=self.world_size)
-
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        if requests:
-            self._open_trace([r.args[0] for r in requests[:4]], 16)
-        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        if requests:
-            self._open_trace([r.args[0] for r in requests[:4]], 16)
-        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
 
     def _run_cache_check(self, contexts: list[str], max_new: int) -> None:
         result = run_cache_check(self.model, self.tokenizer, contexts[:4], max_new_tokens=min(16, max_new))

@@ -254,3 +254,29 @@ class busy_machine:
 
         os.killpg(self.process.pid, signal.SIGKILL)  # the pool's workers too
         self.process.wait()
+
+
+# Tiny lm-eval tasks of the looped-model tests (tests/evaluation, tests/engines).
+QUESTIONS = [
+    "Tom has 3 apples and buys 4 more. How many?",
+    "A train travels 60 miles in 1.5 hours. Speed?",
+    "What is 12 + 30?",
+    "Sara reads 5 pages a day for 6 days. Pages?",
+    "2 + 2 =",
+    "A box holds 8 eggs; 3 boxes hold?",
+]
+
+MC_YAML = """\
+task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}\\nAnswer:"
+doc_to_choice: [" A", " B", " C"]
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+"""

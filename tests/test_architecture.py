@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "loopeval"
-FLOORS = ["common", "core", "evaluation", "training", "analysis", "tools", "cli"]
+FLOORS = ["common", "core", "evaluation", "engines", "training", "analysis", "tools", "cli"]
 """Bottom to top: a module may import its own floor and the floors below it, never one above."""
 
 

