@@ -227,14 +227,9 @@ def compare_runs(baseline, candidate, *, metric: str | None = None, tasks=None, 
     difference is named in ``intended`` (:func:`loopeval.evaluation.identity.differences`).
     ``allow_subset`` reads pilots (``--limit`` runs, subsets of a test set); ``unfinished_fallback``
     credits or scores wrong a GSM8K number fallback from a response cut at its budget."""
-    from loopeval.evaluation.identity import GENERATION_KWARGS, PROMPTS, TASK_VERSION
-    from loopeval.evaluation.trace import SHARED
+    from loopeval.evaluation.identity import check_intended
 
-    known = (*SHARED, PROMPTS, GENERATION_KWARGS, TASK_VERSION)
-    unknown = [name for name in intended if name not in known]
-    if unknown:
-        raise ValueError(f"--intended {unknown[0]}: not a part of an evaluation that can differ; choose from "
-                         f"{', '.join(known)}")
+    check_intended(intended)
     runs, paired = load_two(baseline, candidate, metric=metric, tasks=tasks, cluster_field=cluster_field,
                             allow_subset=allow_subset, unfinished_fallback=unfinished_fallback)
     check_margins(paired, margin, margins)

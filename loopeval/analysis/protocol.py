@@ -640,11 +640,12 @@ class Verdict:
     passes_flop: bool | None
     sentences: tuple[str, str]
     pilot: str | None = None
+    withheld: tuple[str, ...] = ()
 
     @property
     def final(self) -> bool:
-        """Whether this is a final verdict (not a pilot's)."""
-        return self.pilot is None
+        """Whether this is a final verdict (not a pilot's, not withheld)."""
+        return self.pilot is None and not self.withheld
 
     @property
     def text(self) -> str:
@@ -656,6 +657,19 @@ def _as_pilot(v: Verdict, pilot: str | None) -> Verdict:
         return v
     lead = f"{pilot[0].upper()}{pilot[1:]}, not a final verdict. "
     return replace(v, pilot=pilot, sentences=(lead + v.sentences[0], v.sentences[1]))
+
+
+def withhold(v: Verdict, failed: Sequence[str]) -> Verdict:
+    """``v`` withheld because the fairness checks ``failed`` (their names) did not pass: a
+    comparison is a verdict only when the two sides differ in the loop alone, or in what is
+    named as intended. The tables keep their figures; the sentences say why there is no verdict."""
+    if not failed:
+        return v
+    return replace(v, withheld=tuple(failed), sentences=(
+        f"Verdict withheld: {len(failed)} fairness check(s) failed ({'; '.join(failed)}), so the two sides "
+        "were not compared on equal terms.",
+        "Fix the difference, or name it as intended (intended_differences, --intended) if it is meant; "
+        "the figures below are not a verdict."))
 
 
 def _p(p: float) -> str:

@@ -40,6 +40,9 @@ def add(sub) -> None:
     add_stat_options(p, "cost", "selection", "alpha", "n_resamples", "seed", flags={"seed": "--bootstrap-seed"})
     add_margin_option(p)
     p.add_argument("--strict", action="store_true", help="fail instead of warning when a fairness check fails")
+    p.add_argument("--intended", nargs="+", default=[], metavar="NAME",
+                   help="differences between the sides that are intended (a setting such as chat_template_sha, or "
+                   "prompts, generation_kwargs, task_version): a failed check on them does not withhold the verdict")
     add_reading_options(p)
     p.set_defaults(func=run)
 
@@ -62,6 +65,7 @@ def run(args) -> int:
     from loopeval.common.paths import reports_path
     from loopeval.analysis.report import RunSpec, build_report, check_output, write_report
     from loopeval.analysis.stats.options import DEFAULTS
+    from loopeval.evaluation.identity import check_intended
 
     out = check_output(args.out)  # before any work
     if args.json:
@@ -82,6 +86,7 @@ def run(args) -> int:
     def spec(run: str) -> RunSpec:
         return RunSpec(run, seed=seeds.get(run), variant=variants.get(run))
 
+    check_intended(args.intended)
     margin, margins = margin_options(args)
     data = build_report(
         [spec(r) for r in args.twin], [spec(r) for r in args.looped], larger=spec(args.larger) if args.larger else None,
@@ -91,6 +96,7 @@ def run(args) -> int:
         serve_cost=args.serve_cost, wall_clock=args.wall_clock, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.seed,
         allow_subset=args.allow_subset, unfinished_fallback=args.unfinished_fallback,
+        intended_differences=tuple(args.intended),
     )
     path = write_report(data, out, template=args.template, latex_tables=args.latex)
     if args.json:

@@ -37,6 +37,20 @@ PROMPTS = "prompts"
 GENERATION_KWARGS = "generation_kwargs"
 TASK_VERSION = "task_version"
 WEIGHTS = "weights"
+INTENDED = (*SETTINGS, PROMPTS, GENERATION_KWARGS, TASK_VERSION, WEIGHTS)
+"""The identity parts that may be named as an intended difference between two sides
+(a study's ``intended_differences``, ``compare``/``report --intended``)."""
+
+
+def check_intended(names, flag: str = "--intended", extra=()) -> None:
+    """Refuse a name in ``names`` that is neither in :data:`INTENDED` nor in ``extra``."""
+    known = (*INTENDED, *extra)
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"{flag} {unknown[0]}: not a part of an evaluation that can differ; choose from "
+                         f"{', '.join(known)}")
+
+
 NOT_OUTPUT = ("cost", "cache_check", "versions", "generation", "model")
 """Trace-header fields that record speed or provenance (the model's path: its content is in
 ``weights`` and ``files``), not outputs; every other header field is identity."""

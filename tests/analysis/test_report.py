@@ -127,6 +127,15 @@ def test_different_decoding_settings_warn_or_fail_with_strict(runs, tmp_path, ca
     assert 'id="failed-checks"' in html
     assert html.index('id="failed-checks"') < html.index('id="table-param"')  # shown first, not hidden
     assert "dtype: &#39;float32&#39; vs &#39;bfloat16&#39;" in html  # autoescaped
+    # issue 31: a failed check withholds every verdict (the figures stay), unless the difference is intended
+    assert all(c.verdict.withheld and not c.verdict.final for c in data.conditions)
+    assert "Verdict withheld" in html and "passes" not in " ".join(data.conditions[0].verdict.sentences)
+    assert any(name.startswith("same decoding") for name in data.conditions[0].verdict.withheld)
+    with pytest.warns(UserWarning, match="fairness check failed"):  # these runs have no training manifest
+        meant = build_report(twins, _pick(runs, "looped_"), n_resamples=500, intended_differences=("dtype",))
+    assert [c.name for c in meant.failed_checks] == ["twins share their training manifest"]
+    assert not any(c.verdict.withheld for c in meant.conditions)  # a manifest that cannot be confirmed qualifies
+    assert [c.param.macro.delta for c in meant.conditions] == [c.param.macro.delta for c in data.conditions]
     code = main(["report", "--strict", "--out", str(tmp_path / "r.html"), "--n-resamples", "200",
                  "--twin", *map(str, twins), "--looped", *map(str, _pick(runs, "looped_"))])
     assert code == 2 and "fairness check failed" in capsys.readouterr().err

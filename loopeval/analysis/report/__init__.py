@@ -17,6 +17,7 @@ budget, with or without budget forcing, one run per training seed) and composes:
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from loopeval.analysis.report.checks import Check
 from loopeval.analysis.report.data import ReportData
 from loopeval.analysis.report.evaluations import RunSpec
 from loopeval.analysis.report.render import check_output, render, write_report
+from loopeval.analysis.protocol import withhold
 from loopeval.analysis.runs import Run, pair_runs, pilot_label
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
@@ -80,8 +82,9 @@ def build_report(
     "pilot: n of N items" and no verdict is final. ``unfinished_fallback="wrong"`` scores
     GSM8K number-fallback verdicts from responses cut at their budget as wrong; either way
     the report counts them per run and task (``ReportData.fallbacks``).
-    Bad input raises ``ValueError`` naming the run; with ``strict``, so does a failed
-    fairness check. ``intended_differences`` names identity parts the two sides may differ in
+    Bad input raises ``ValueError`` naming the run; a failed fairness check withholds every
+    verdict (:func:`loopeval.analysis.protocol.withhold`; the tables keep their figures), and
+    with ``strict`` raises. ``intended_differences`` names identity parts the two sides may differ in
     (:mod:`loopeval.evaluation.identity`: a setting, ``prompts``, ``generation_kwargs``, ``task_version``).
     """
     if cost not in COST_MODES:
@@ -155,7 +158,10 @@ def build_report(
         message = "; ".join(f"{c.name}: {c.detail}" for c in data.failed_checks)
         if strict:
             raise ValueError(f"fairness check failed: {message}")
-        warnings.warn(f"fairness check failed (shown in the report): {message}", stacklevel=2)
+        failed = [c.name for c in data.failed_checks if c.withholds]
+        warnings.warn(f"fairness check failed{' (the verdict is withheld)' if failed else ''}: {message}",
+                      stacklevel=2)
+        data = replace(data, conditions=[replace(c, verdict=withhold(c.verdict, failed)) for c in data.conditions])
     return data
 
 

@@ -1,7 +1,7 @@
 """Fairness checks: is each comparison of the report a fair one?
 
-A failed check is listed under the verdict (which it qualifies), again in the checks
-section, warned about, and an error under ``strict``. The checks: both sides decode with
+A failed check withholds the verdict (or, where it only cannot be confirmed, qualifies it:
+:class:`Check`), is listed again in the checks section, warned about, and an error under ``strict``. The checks: both sides decode with
 the same shared settings (:data:`loopeval.evaluation.trace.SHARED`) and the same rendered
 prompts, a setting's seeds are distinct models, twins share their training manifest apart
 from the loop (a training-free loop, the twin's very weights plus a loop, has no training
@@ -21,9 +21,14 @@ from loopeval.evaluation.trace import SHARED
 
 @dataclass(frozen=True)
 class Check:
+    """One fairness check. A failed check that shows the sides differ withholds the report's
+    verdict; one that only cannot be confirmed (``withholds=False``: no training manifest at
+    all, as for checkpoints trained elsewhere) is listed beneath the verdict it qualifies."""
+
     name: str
     ok: bool
     detail: str
+    withholds: bool = True
 
 
 def _seed_order(evals: list[Evaluation]) -> list[Evaluation]:
@@ -88,7 +93,8 @@ def manifest_checks(evals: list[Evaluation]) -> list[Check]:
     twins = {(e.variant, e.seed): e for e in evals if not e.looped and e.manifest}
     if not looped and not twins:
         return [Check("twins share their training manifest", False,
-                      "no training_manifest.json beside the evaluated checkpoints; twin training cannot be confirmed")]
+                      "no training_manifest.json beside the evaluated checkpoints; twin training cannot be confirmed",
+                      withholds=False)]
     for key in sorted(set(looped) | set(twins), key=str):
         name = f"twins share their training manifest ({', '.join(str(k) for k in key if k not in ('', None))})"
         if key not in looped or key not in twins:

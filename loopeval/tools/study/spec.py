@@ -12,7 +12,7 @@ from pathlib import Path
 
 from loopeval.common.args import as_bool, as_field, as_float, as_int, as_text
 from loopeval.core.spec import LOOP_OPTIONS, option_fields
-from loopeval.evaluation.identity import GENERATION_KWARGS, PROMPTS, SETTINGS, TASK_VERSION, WEIGHTS
+from loopeval.evaluation.identity import INTENDED
 from loopeval.evaluation.settings import DECODING_OPTIONS, DecodingOptions
 from loopeval.analysis.stats.options import STAT_OPTIONS, StatOptions
 
@@ -28,8 +28,6 @@ RUNNER_KEYS = ("pretrained", "budget_scale", "trace", "resume_dir")
 """``looped`` model args the runner sets for every evaluation (``plan.Evaluation.model_args``):
 from ``path:``, ``budgets:`` and the output folder. Given in a ``model_args`` they would be
 overwritten, so they are refused there."""
-INTENDED = (*SETTINGS, PROMPTS, GENERATION_KWARGS, TASK_VERSION, WEIGHTS)
-"""The identity parts ``intended_differences`` may name (besides a per-model ``model_args`` key)."""
 
 
 @dataclass(frozen=True)
