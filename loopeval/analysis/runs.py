@@ -30,7 +30,7 @@ import numpy as np
 
 from loopeval.analysis.stats import Resampler
 from loopeval.common.jsonl import read_jsonl
-from loopeval.evaluation.metrics import POINTS, Unit, full_size, item_hash, test_items, unit_of
+from loopeval.evaluation.metrics import POINTS, Unit, full_size, outside_test_set, test_items, unit_of
 from loopeval.evaluation.trace import TraceHeader, TraceItem, find_traces
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
@@ -68,7 +68,7 @@ class TaskScores:
     higher_is_better: bool = True
     unit: Unit = POINTS
     output_type: str | None = None
-    foreign_items: tuple[int, ...] = ()  # doc_ids not in the task's full test set (:func:`_foreign_items`)
+    foreign_items: tuple[int, ...] = ()  # doc_ids not in the task's full test set (metrics.outside_test_set)
 
     @property
     def n(self) -> int:
@@ -494,7 +494,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         )
     doc_ids = np.array(sorted(items))
     recs = [items[d] for d in doc_ids]
-    outside = _foreign_items(task, doc_ids, recs)
+    outside = tuple(int(doc_ids[i]) for i in outside_test_set(task, [r["doc"] for r in recs]))
     if outside and not allow_subset:
         field = test_items(task)[0]
         raise ValueError(
@@ -532,19 +532,6 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         output_type=config.get("output_type"),
         foreign_items=outside,
     )
-
-
-def _foreign_items(task: str, doc_ids: np.ndarray, recs: list[dict]) -> tuple[int, ...]:
-    """The doc_ids whose item is not in ``task``'s full test set, by the hash of its identifying
-    doc field (:func:`loopeval.evaluation.metrics.test_items`; a doc without that field is not
-    known to be in it); ``()`` where the test set's items are not known."""
-    known = test_items(task)
-    if known is None:
-        return ()
-    field, hashes = known
-    return tuple(int(d) for d, r in zip(doc_ids, recs)
-                 if not (isinstance(r["doc"], dict) and isinstance(r["doc"].get(field), str)
-                         and item_hash(r["doc"][field]) in hashes))
 
 
 def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,

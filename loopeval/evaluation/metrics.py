@@ -99,6 +99,18 @@ def test_items(task: str) -> tuple[str, frozenset[str]] | None:
     return field, frozenset(hashes)
 
 
+def outside_test_set(task: str, docs) -> list[int]:
+    """Positions of the ``docs`` (lm-eval docs of ``task``) that are not items of its full test
+    set, by the :func:`item_hash` of their identifying field (a doc without it is not known to
+    be one); ``[]`` where the test set's items are not known (:func:`test_items`)."""
+    known = test_items(task)
+    if known is None:
+        return []
+    field, hashes = known
+    return [i for i, doc in enumerate(docs)
+            if not (isinstance(doc, dict) and isinstance(doc.get(field), str) and item_hash(doc[field]) in hashes)]
+
+
 def unit_of(metric: str, scores) -> Unit:
     """The unit of lm-eval metric ``metric`` ("name" or "name,filter") given its per-item
     ``scores``: loopeval's registry, else points for fractions in [0, 1], else the metric's own."""

@@ -318,7 +318,7 @@ def test_the_report_takes_nll_runs_alone_and_beside_accuracy(traced, tmp_path):
     assert (tmp_path / "report_tables.tex").exists()
 
 
-def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path):
+def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path, monkeypatch):
     """The study's dry run reads each task's items, so a subset of GSM8K without ``pilot: true``
     is refused before any evaluation runs (the report would refuse it after all of them)."""
     from loopeval.tools.study import load_study
@@ -338,3 +338,12 @@ def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path):
         with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: its data holds 4 of the task's 1319 test items "
                                              r"\(a local file with a subset\?\); .* set pilot: true"):
             check_before_compute(loaded, expand(loaded))
+    # as many items as the (patched) test set, but none of them GSM8K test questions: not the benchmark
+    from loopeval.evaluation import metrics
+
+    monkeypatch.setitem(metrics.TEST_SET_SIZES, "gsm8k_nll", 4)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({**study, "pilot": False}))
+    loaded = load_study(tmp_path / "study.yaml")
+    with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: 4 of its 4 items are not in the task's test set "
+                                         r"\(e.g. item 0\): not the benchmark; .* set pilot: true"):
+        check_before_compute(loaded, expand(loaded))
