@@ -7,7 +7,8 @@ aligns several runs item by item (``doc_id``, checked by ``doc_hash`` and
 
 Every evaluation must cover all of its items: a run cut by ``--limit``, a run over a
 local data file holding fewer than the task's full test set (:data:`loopeval.evaluation.metrics.TEST_SET_SIZES`),
-a samples file missing items, a corrupt samples line or runs of different items are
+a run with items that are not in that test set (where its items are known,
+:data:`loopeval.evaluation.metrics.TEST_SET_ITEMS`), a samples file missing items, a corrupt samples line or runs of different items are
 refused with a ``ValueError`` that names the task, the file or the counts. A pilot is the
 explicit exception: ``load_run(..., allow_subset=True)`` accepts such a run, and
 :func:`pilot_label` then says "pilot: n of N items", N the benchmark's size, wherever its
@@ -29,7 +30,7 @@ import numpy as np
 
 from loopeval.analysis.stats import Resampler
 from loopeval.common.jsonl import read_jsonl
-from loopeval.evaluation.metrics import POINTS, Unit, full_size, unit_of
+from loopeval.evaluation.metrics import POINTS, Unit, full_size, outside_test_set, test_items, unit_of
 from loopeval.evaluation.trace import TraceHeader, TraceItem, find_traces
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
@@ -67,6 +68,7 @@ class TaskScores:
     higher_is_better: bool = True
     unit: Unit = POINTS
     output_type: str | None = None
+    foreign_items: tuple[int, ...] = ()  # doc_ids not in the task's full test set (metrics.outside_test_set)
 
     @property
     def n(self) -> int:
@@ -492,6 +494,13 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         )
     doc_ids = np.array(sorted(items))
     recs = [items[d] for d in doc_ids]
+    outside = tuple(int(doc_ids[i]) for i in outside_test_set(task, [r["doc"] for r in recs]))
+    if outside and not allow_subset:
+        field = test_items(task)[0]
+        raise ValueError(
+            f"{samples_path}: task {task}: {len(outside)} of {len(recs)} items are not in the task's test set "
+            f"(their doc {field!r} is none of its {full} items'), e.g. doc_id {outside[0]}: this run is not the "
+            "benchmark (another file, or train items?); a pilot over them: --allow-subset")
     prompt_hashes = tuple(r["hashes"][2] for r in recs)
     index, foreign, _ = traces
     joined = tuple(index.get((task, int(d), h), (None, None, ()))[2] for d, h in zip(doc_ids, prompt_hashes))
@@ -521,6 +530,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         higher_is_better=bool(direction),
         unit=unit_of(key, [r["value"] for r in recs]),
         output_type=config.get("output_type"),
+        foreign_items=outside,
     )
 
 
@@ -575,14 +585,21 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
 def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str | None:
     """``"pilot: n of N items"`` when any of the runs covers fewer items of its tasks than
     their full test sets hold (a ``--limit`` run, or a local file with a subset, accepted
-    with ``allow_subset``), N counted as :attr:`TaskScores.n_full`, else ``None``."""
-    counts = [(ts.n, ts.n_full) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
-    if not runs or all(n == total for n, total in counts):
+    with ``allow_subset``), N counted as :attr:`TaskScores.n_full`, else ``None``. Items
+    that are not in their task's test set (:attr:`TaskScores.foreign_items`, accepted with
+    ``allow_subset`` too) make it a pilot whatever the counts, and the label says how many."""
+    chosen = [(t, ts) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
+    foreign = [(t, d) for t, ts in chosen for d in ts.foreign_items]
+    if not runs or (not foreign and all(ts.n == ts.n_full for _, ts in chosen)):
         return None
     first = runs[0]
     n = sum(ts.n for t, ts in first.tasks.items() if tasks is None or t in tasks)
     total = sum(ts.n_full for t, ts in first.tasks.items() if tasks is None or t in tasks)
-    return f"pilot: {n} of {total} items"
+    label = f"pilot: {n} of {total} items"
+    if foreign:
+        label += (f", {len(foreign)} of the runs' items not in their task's test set "
+                  f"(e.g. {foreign[0][0]} doc_id {foreign[0][1]})")
+    return label
 
 
 @dataclass(frozen=True, eq=False)

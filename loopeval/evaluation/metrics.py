@@ -1,7 +1,8 @@
 """What a task's metric is: its unit, and the size of the test set it is computed on.
 
 One registry for loopeval's own tasks (``tasks/``): the continuous metrics with their
-units (:data:`OWN_UNITS`) and each task's full test set (:data:`TEST_SET_SIZES`). Any other
+units (:data:`OWN_UNITS`) and each task's full test set (:data:`TEST_SET_SIZES`; the identity
+of its items where known, :data:`TEST_SET_ITEMS`). Any other
 lm-eval metric is read by content: per-item scores that are all fractions in [0, 1] (a 0/1
 accuracy, or its mean over repeats) are shown in percentage points; anything else keeps
 its own unit, named after the metric. The direction is lm-eval's ``higher_is_better``.
@@ -13,8 +14,11 @@ continuous metric is shown equivalent only within a margin given in its own unit
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -72,6 +76,39 @@ TEST_SET_SIZES: dict[str, int] = {
 }
 """Items in the full test set of each of loopeval's tasks: a run over fewer (a local file
 holding a subset, or ``--limit``) is a pilot of that many."""
+
+TEST_SET_ITEMS: dict[str, tuple[str, str]] = dict.fromkeys(
+    ("gsm8k_boxed", "gsm8k_boxed_think", "gsm8k_nll"), ("question", "gsm8k_test_question.txt"))
+"""Where the identity of a task's test items is known: the doc field that identifies an item
+and the shipped file (``test_items/``, written by ``benchmarks/make_test_items.py``) of the
+:func:`item_hash` of that field for every item of the full test set."""
+
+
+def item_hash(text: str) -> str:
+    """An item's short identity: the first 12 hex digits of the SHA-256 of its UTF-8 text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+@functools.cache
+def test_items(task: str) -> tuple[str, frozenset[str]] | None:
+    """``(doc field, item hashes)`` of ``task``'s full test set (:data:`TEST_SET_ITEMS`), ``None`` where unknown."""
+    if task not in TEST_SET_ITEMS:
+        return None
+    field, name = TEST_SET_ITEMS[task]
+    hashes = (Path(__file__).parent / "test_items" / name).read_text(encoding="ascii").split()
+    return field, frozenset(hashes)
+
+
+def outside_test_set(task: str, docs) -> list[int]:
+    """Positions of the ``docs`` (lm-eval docs of ``task``) that are not items of its full test
+    set, by the :func:`item_hash` of their identifying field (a doc without it is not known to
+    be one); ``[]`` where the test set's items are not known (:func:`test_items`)."""
+    known = test_items(task)
+    if known is None:
+        return []
+    field, hashes = known
+    return [i for i, doc in enumerate(docs)
+            if not (isinstance(doc, dict) and isinstance(doc.get(field), str) and item_hash(doc[field]) in hashes)]
 
 
 def unit_of(metric: str, scores) -> Unit:

@@ -234,7 +234,8 @@ def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(tra
     result = compare_runs(plain, looped, allow_subset=True, n_resamples=500)
     raw = {side: load_run(path, allow_subset=True).tasks["gsm8k_nll"].scores for side, path in zip("ab", traced)}
     out, text = result.as_dict(), str(result)
-    assert out["pilot"] == "pilot: 8 of 2638 items"  # 4 of GSM8K's 1,319 test items in each task
+    # 4 items in each task, none of them GSM8K test items (tests/fixtures/tasks/gsm8k.jsonl: 2 train, 2 made up)
+    assert out["pilot"].startswith("pilot: 8 of 2638 items, 16 of the runs' items not in their task's test set")
     nll, boxed = out["tasks"]["gsm8k_nll"], out["tasks"]["gsm8k_boxed"]
     # the NLL as lm-eval reports it (nats per byte, lower is better), never negated or x100
     assert (nll["unit"], nll["higher_is_better"]) == ("nats per byte", False)
@@ -294,7 +295,7 @@ def test_the_report_takes_nll_runs_alone_and_beside_accuracy(traced, tmp_path):
     plain, looped = traced
     c = load_run(looped, allow_subset=True).header.multiplier
     data = build_report([plain], [looped], allow_subset=True, n_resamples=300, default_scale=0.1)
-    assert data.pilot == "pilot: 8 of 2638 items"
+    assert data.pilot.startswith("pilot: 8 of 2638 items, 16 of the runs' items not in their task's test set")
     assert {k: v for k, v in data.kinds.items()} == {"points": ["gsm8k_boxed"],
                                                      "nats per byte, lower is better": ["gsm8k_nll"]}
     nll = next(cond for cond in data.conditions if cond.tasks == ("gsm8k_nll",))
@@ -317,7 +318,7 @@ def test_the_report_takes_nll_runs_alone_and_beside_accuracy(traced, tmp_path):
     assert (tmp_path / "report_tables.tex").exists()
 
 
-def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path):
+def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path, monkeypatch):
     """The study's dry run reads each task's items, so a subset of GSM8K without ``pilot: true``
     is refused before any evaluation runs (the report would refuse it after all of them)."""
     from loopeval.tools.study import load_study
@@ -337,3 +338,12 @@ def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path):
         with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: its data holds 4 of the task's 1319 test items "
                                              r"\(a local file with a subset\?\); .* set pilot: true"):
             check_before_compute(loaded, expand(loaded))
+    # as many items as the (patched) test set, but none of them GSM8K test questions: not the benchmark
+    from loopeval.evaluation import metrics
+
+    monkeypatch.setitem(metrics.TEST_SET_SIZES, "gsm8k_nll", 4)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({**study, "pilot": False}))
+    loaded = load_study(tmp_path / "study.yaml")
+    with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: 4 of its 4 items are not in the task's test set "
+                                         r"\(e.g. item 0\): not the benchmark; .* set pilot: true"):
+        check_before_compute(loaded, expand(loaded))

@@ -1,0 +1,69 @@
+"""A run's items against the task's full test set by content (GSM8K's shipped item list):
+a subset of the test set is a pilot of n of 1,319; items from elsewhere are not the benchmark."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from loopeval.analysis.runs import load_run, pilot_label
+from loopeval.evaluation import metrics
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+TEST_ROWS = [json.loads(line) for line in (FIXTURES / "real" / "gsm8k_test_first8.jsonl").read_text().splitlines()]
+OTHER_ROWS = [json.loads(line) for line in (FIXTURES / "tasks" / "gsm8k.jsonl").read_text().splitlines()]  # 2 train, 2 made up
+SHARED_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+
+
+def write_run(folder: Path, rows: list[dict], task: str = "gsm8k_boxed", original: int | None = None) -> Path:
+    """A minimal lm-eval ``--log_samples`` run of ``task`` over ``rows`` (docs as the task logs them)."""
+    folder.mkdir(parents=True)
+    stamp = "2026-01-01T00-00-00.000000"
+    n = len(rows) if original is None else original
+    results = {"results": {task: {"alias": task, "exact_match,none": 0.5}}, "configs": {task: {"output_type": "generate_until"}},
+               "n-samples": {task: {"original": n, "effective": len(rows)}}, "higher_is_better": {task: {"exact_match": True}}}
+    (folder / f"results_{stamp}.json").write_text(json.dumps(results))
+    with (folder / f"samples_{task}_{stamp}.jsonl").open("w") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps({"doc_id": i, "doc": row, "filter": "none", "exact_match": i % 2,
+                                "doc_hash": hashlib.sha256(row["question"].encode()).hexdigest(),
+                                "target_hash": "t", "prompt_hash": f"p{i}"}) + "\n")
+    return folder
+
+
+def test_the_shipped_item_list_is_gsm8ks_test_questions():
+    field, hashes = metrics.test_items("gsm8k_nll")
+    assert field == "question" and len(hashes) == metrics.TEST_SET_SIZES["gsm8k_nll"] == 1319
+    assert all(hashlib.sha256(r["question"].encode()).hexdigest()[:12] in hashes for r in TEST_ROWS)
+    assert not any(hashlib.sha256(r["question"].encode()).hexdigest()[:12] in hashes for r in OTHER_ROWS)
+    if SHARED_TEST.exists():  # the real test set, where this machine has it
+        rows = [json.loads(line) for line in SHARED_TEST.read_text().splitlines()]
+        assert hashes == {hashlib.sha256(r["question"].encode()).hexdigest()[:12] for r in rows}
+    assert metrics.test_items("arc_challenge_letter") is None
+
+
+def test_a_subset_of_the_test_set_is_a_pilot_of_the_benchmark(tmp_path):
+    run = load_run(write_run(tmp_path / "a", TEST_ROWS), allow_subset=True)
+    assert run.tasks["gsm8k_boxed"].foreign_items == ()
+    assert pilot_label([run]) == "pilot: 8 of 1319 items"
+
+
+def test_items_not_in_the_test_set_are_not_the_benchmark_whatever_their_count(tmp_path, monkeypatch):
+    rows = TEST_ROWS[:4] + OTHER_ROWS  # as many items as the (patched) full set: not a pilot by count
+    monkeypatch.setitem(metrics.TEST_SET_SIZES, "gsm8k_boxed", len(rows))
+    folder = write_run(tmp_path / "a", rows)
+    with pytest.raises(ValueError, match=r"task gsm8k_boxed: 4 of 8 items are not in the task's test set "
+                                         r"\(their doc 'question' is none of its 8 items'\), e.g. doc_id 4: "
+                                         r"this run is not the benchmark"):
+        load_run(folder)
+    run = load_run(folder, allow_subset=True)
+    assert run.tasks["gsm8k_boxed"].foreign_items == (4, 5, 6, 7)
+    assert pilot_label([run]) == ("pilot: 8 of 8 items, 4 of the runs' items not in their task's test set "
+                                  "(e.g. gsm8k_boxed doc_id 4)")
+
+
+def test_tasks_without_a_known_item_list_are_checked_by_count_only(tmp_path, monkeypatch):
+    monkeypatch.setitem(metrics.TEST_SET_SIZES, "toy_gsm8k", len(OTHER_ROWS))
+    run = load_run(write_run(tmp_path / "a", OTHER_ROWS, task="toy_gsm8k"))
+    assert run.tasks["toy_gsm8k"].foreign_items == () and pilot_label([run]) is None
