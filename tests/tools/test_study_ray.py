@@ -154,8 +154,12 @@ def test_ctrl_c_cancels_the_tasks(cluster, world, tmp_path):  # noqa: F811
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     threading.Thread(target=interrupt).start()
-    with pytest.raises(KeyboardInterrupt):
-        run_study(path, only=evaluation.name, progress=False)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # pytest-xdist workers ignore SIGINT
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_study(path, only=evaluation.name, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.time() + 30
     while time.time() < deadline and _alive(pids[0]):
         time.sleep(0.1)
