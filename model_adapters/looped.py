@@ -42,7 +42,7 @@ from loopeval.core.checkpoint import weights_fingerprint
 from loopeval.evaluation.identity import loaded_fingerprint, output_identity
 from loopeval.core.loop import check_source
 from loopeval.core.cost import loop_cost
-from loopeval.core.gguf import chat_template_fix
+from loopeval.core.gguf import check_chat_template
 from loopeval.evaluation.decoding import (
     DecodingRules,
     RowOutcome,
@@ -218,18 +218,6 @@ def pilot_warning(argv: list[str]) -> str | None:
 def chat_template_requested(argv: list[str]) -> bool:
     """Whether an ``lm_eval`` command line asks for ``--apply_chat_template``."""
     return any(a == "--apply_chat_template" or a.startswith("--apply_chat_template=") for a in argv)
-
-
-def check_chat_template(source: str, **tokenizer_kwargs) -> None:
-    """``ValueError`` naming the fix when the tokenizer of ``source`` has no chat template
-    (reads the tokenizer only, not the weights)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_kwargs)
-    if not getattr(tokenizer, "chat_template", None):
-        fix = chat_template_fix(source) if Path(source).is_dir() else "evaluate without --apply_chat_template"
-        raise ValueError(f"looped: --apply_chat_template, but the tokenizer of {source} has no chat template "
-                         f"(a GGUF without one, such as Gemma 3 270M's, imports none); {fix}")
 
 
 class ScoringTrace:

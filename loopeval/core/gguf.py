@@ -35,6 +35,18 @@ def chat_template_fix(folder: str | Path) -> str:
             "or evaluate without --apply_chat_template")
 
 
+def check_chat_template(source: str, **tokenizer_kwargs) -> None:
+    """``ValueError`` naming the fix when the tokenizer of ``source`` has no chat template
+    (reads the tokenizer only, not the weights)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, **tokenizer_kwargs)
+    if not getattr(tokenizer, "chat_template", None):
+        fix = chat_template_fix(source) if Path(source).is_dir() else "evaluate without --apply_chat_template"
+        raise ValueError(f"looped: --apply_chat_template, but the tokenizer of {source} has no chat template "
+                         f"(a GGUF without one, such as Gemma 3 270M's, imports none); {fix}")
+
+
 def check_gguf(file: str | Path) -> Path:
     """``file`` as a path, or ``ValueError`` if it is missing, not a GGUF file (its first
     four bytes are not ``GGUF``), or a damaged one: its header, metadata and tensor table

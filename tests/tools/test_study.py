@@ -4,6 +4,7 @@ never count half-written, parallel workers, and the report at the end."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -267,3 +268,23 @@ def test_a_pilot_study_runs_on_a_subset_and_says_so(world, tmp_path):
         "Pilot: 4 of 6 items, not a final verdict. ")
     page = result.report.read_text()
     assert page.count("(pilot: 4 of 6 items)") >= 5
+
+
+def test_a_study_applying_a_chat_template_refuses_a_tokenizer_without_one_before_any_weights_load(world, tmp_path):
+    from loopeval.tools.study.plan import check_before_compute, expand
+
+    bare = tmp_path / "bare_twin"
+    shutil.copytree(world / "twin", bare)
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    models = [{"name": "twin", "role": "twin", "path": str(bare)},
+              {"name": "looped", "role": "looped", "path": str(world / "looped")}]
+    chat = {"batch_size": 3, "device": "cpu", "apply_chat_template": True}
+    study = load_study(_study(world, tmp_path, models=models, lm_eval=chat))
+    with pytest.raises(ValueError, match=r"study.yaml: lm_eval.apply_chat_template: twin: the tokenizer of "
+                                         r".*bare_twin has no chat template .*bare_twin/chat_template.jinja"):
+        check_before_compute(study, expand(study))
+    with_template = load_study(_study(world, tmp_path, lm_eval=chat))
+    check_before_compute(with_template, expand(with_template))

@@ -150,8 +150,32 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
             if mismatches:
                 raise ValueError(f"{study.path}: {m.name} and {twin.name} are not twins: {'; '.join(mismatches)} "
                                  "(allow_manifest_mismatch: true to evaluate them anyway)")
+    _check_chat_templates(study, evaluations)
     for e in evaluations:
         status(e, study, rerun=rerun)
+
+
+def _check_chat_templates(study: Study, evaluations: list[Evaluation]) -> None:
+    """With ``lm_eval.apply_chat_template``, every tokenizer the evaluations load has a chat
+    template (the tokenizer is read, not the weights), so none fails after its weights load."""
+    from loopeval.core.gguf import check_chat_template
+
+    if not study.lm_eval.get("apply_chat_template", False):  # a bool: the study file is parsed strictly
+        return
+    checked = set()
+    for e in evaluations:
+        args = e.model_args(study)
+        source = args.get("tokenizer") or args["pretrained"]
+        if source in checked:
+            continue
+        checked.add(source)
+        try:
+            check_chat_template(source, revision=args.get("revision") or "main",
+                                trust_remote_code=as_bool("trust_remote_code", args.get("trust_remote_code", False)),
+                                gguf_file=args.get("gguf_file"))
+        except ValueError as exc:
+            raise ValueError(f"{study.path}: lm_eval.apply_chat_template: {e.model.name}: "
+                             f"{str(exc).removeprefix('looped: --apply_chat_template, but ')}") from None
 
 
 def _check_device(study: Study) -> None:
