@@ -153,12 +153,13 @@ def folder_lock(folder: str | Path, what: str):
         staging.write_text(mine)
         try:
             os.link(staging, lock)
+            taken = True
         except FileExistsError:
-            pass
-        else:
-            break
+            taken = False
         finally:
             staging.unlink(missing_ok=True)
+        if taken:
+            break
         try:
             text = lock.read_text()
         except FileNotFoundError:

@@ -69,11 +69,8 @@ def check_threads(value, name: str = "threads") -> int:
     """``value`` (an int, or the text of one) as a thread count, or ``ValueError`` naming
     ``name``: a whole number from 1 to ``MAX_PER_CORE`` times the available cores."""
     n = None
-    if isinstance(value, str):
-        try:
-            n = int(value.strip())
-        except ValueError:
-            pass
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        n = int(value.strip())
     elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
         n = int(value)
     limit = MAX_PER_CORE * available_cores()

@@ -48,7 +48,7 @@ class GGUFHeader:
 
 
 class _Cut(Exception):
-    pass
+    """The file ends inside the structure being read."""
 
 
 class _Reader:

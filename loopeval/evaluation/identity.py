@@ -19,6 +19,7 @@ Torch-free: the report, the study and the run loader import it.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import hashlib
@@ -250,10 +251,8 @@ def task_fingerprint(task) -> str:
 
     def plain(value):
         if callable(value):
-            try:
+            with contextlib.suppress(TypeError):  # a builtin has no source file
                 files.add(inspect.getsourcefile(value))
-            except TypeError:
-                pass
             return task.config.serialize_function(value)
         if isinstance(value, Mapping):
             return {str(k): plain(v) for k, v in value.items()}

@@ -71,7 +71,7 @@ def test_a_held_lock_names_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_
         lock = json.loads((tmp_path / LOCK_NAME).read_text())
         assert (lock["pid"], lock["host"]) == (os.getpid(), socket.gethostname()) and lock["started"] > 0
         with folder_lock(tmp_path, "protocol"):  # the same process nests (the demo runs a study in its folder)
-            pass
+            assert json.loads((tmp_path / LOCK_NAME).read_text()) == lock
         assert (tmp_path / LOCK_NAME).is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
