@@ -203,6 +203,21 @@ def _take_over(lock: Path, stale: str) -> None:
     moved.unlink()
 
 
+def aside(folder: str | Path, stem: str | None = None) -> Path:
+    """A new, empty folder ``folder/.replaced/STEM.TIME`` (``TIME`` alone without a stem) to
+    move superseded results into; a name already taken (two moves within one second) gets
+    ``-2``, ``-3``, ... so that nothing moved aside earlier is overwritten or refused."""
+    base = Path(folder) / ".replaced"
+    base.mkdir(parents=True, exist_ok=True)
+    name = ".".join(filter(None, (stem, time.strftime("%Y%m%dT%H%M%S"))))
+    for n in range(1, 10_000):
+        candidate = base / (name if n == 1 else f"{name}-{n}")
+        with contextlib.suppress(FileExistsError):
+            candidate.mkdir()
+            return candidate
+    raise FileExistsError(f"{base}: no free name for {name}")
+
+
 def record_written(folder: str | Path, name: str) -> None:
     """Record, before writing it, that loopeval writes ``folder/name`` (a file or folder)."""
     Path(folder).mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from loopeval.cli import main
-from loopeval.common.outputs import LOCK_NAME, check_outputs, folder_lock, record_written
+from loopeval.common.outputs import LOCK_NAME, aside, check_outputs, folder_lock, record_written
 from loopeval.common.paths import tasks_path
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
@@ -153,3 +153,16 @@ def test_no_output_goes_into_loopevals_installed_folders(tmp_path, capsys):
         assert main(argv) == 2, argv
         assert "inside loopeval's installed folder" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in tasks.glob("*.yaml")} == before and not (tasks / "sub").exists()
+
+
+def test_results_moved_aside_within_one_second_keep_separate_folders(tmp_path):
+    """Two results superseded in the same second (a study re-run twice, CI's failure) each get
+    their own folder: the second move neither overwrites nor is refused by the first."""
+    for content in ("first", "second", "third"):
+        result = tmp_path / "evals" / "run"
+        result.mkdir(parents=True)
+        (result / "samples.jsonl").write_text(content)
+        os.replace(result, aside(tmp_path / "evals", "run"))
+    moved = sorted((tmp_path / "evals" / ".replaced").iterdir())
+    assert len(moved) == 3
+    assert sorted((m / "samples.jsonl").read_text() for m in moved) == ["first", "second", "third"]

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from loopeval.common.allocator import keep_freed_memory
+from loopeval.common.outputs import aside
 from loopeval.common.threads import configure_threads
 from loopeval.core.cost import loop_cost
 from loopeval.core.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
@@ -117,8 +118,7 @@ def _check_resume(out: Path, settings: dict, *, rerun: bool = True) -> list[Plac
             raise ValueError(f"{out} holds a search made from other inputs ({changes}); run without --no-rerun "
                              "to search again (the old results are kept), or give another --out")
         if differ:
-            replaced = out / ".replaced" / time.strftime("%Y%m%dT%H%M%S")
-            replaced.mkdir(parents=True)
+            replaced = aside(out)
             for name in (SETTINGS_NAME, PLACEMENTS_NAME, "placement.html", "loop_config.json"):
                 if (out / name).exists():
                     (out / name).replace(replaced / name)

@@ -16,11 +16,10 @@ import fnmatch
 from contextlib import nullcontext
 import json
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from loopeval.common.outputs import folder_lock
+from loopeval.common.outputs import aside, folder_lock
 from loopeval.tools.study.plan import Evaluation, check_before_compute, expand, expected_cost, status
 from loopeval.tools.study.spec import RayOptions, Study, load_study
 
@@ -121,12 +120,11 @@ def _move_report_aside(study: Study) -> None:
     files = [p for p in (*study.output.glob("report.*"), *study.output.glob("report_*")) if p.is_file()]
     if not files:
         return
-    aside = study.output / ".replaced" / f"report.{time.strftime('%Y%m%dT%H%M%S')}"
-    aside.mkdir(parents=True, exist_ok=True)
+    moved = aside(study.output, "report")
     for file in files:
-        file.replace(aside / file.name)
+        file.replace(moved / file.name)
     print(f"the report in {study.output} was made from evaluations that are being redone or are missing; "
-          f"moved to {aside}", file=sys.stderr)
+          f"moved to {moved}", file=sys.stderr)
 
 
 def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:

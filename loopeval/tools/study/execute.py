@@ -19,6 +19,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
+from loopeval.common.outputs import aside
 from loopeval.tools.study.plan import Evaluation, record, task_manager
 from loopeval.tools.study.spec import Study
 
@@ -101,9 +102,7 @@ def run_one(evaluation: Evaluation, study: Study, manager=None) -> Path:
     if evaluation.partial.exists():
         shutil.rmtree(evaluation.partial)  # what a killed run left; its resume store survives
     if evaluation.folder.exists():  # a stale result, moved aside first: a failed re-run leaves none to report from
-        replaced = evaluation.folder.parent / ".replaced" / f"{evaluation.name}.{time.strftime('%Y%m%dT%H%M%S')}"
-        replaced.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(evaluation.folder, replaced)
+        os.replace(evaluation.folder, aside(evaluation.folder.parent, evaluation.name))
     evaluation.partial.mkdir(parents=True)
     evaluation.resume.mkdir(parents=True, exist_ok=True)
     manager = manager or task_manager(study)
