@@ -115,17 +115,22 @@ def loop_args(row: dict) -> str:
 
 
 def _cmp_row(name: str, res: dict, task: str) -> str:
-    """One ``compare --json`` row, as the metric reports it (the NLL in nats per byte, lower is
-    better): Δ is candidate minus baseline in the metric's unit; the verdict says which is better."""
+    """One ``compare --json`` row in the metric's unit (``compare --json`` stores fractions: a 0/1
+    accuracy is shown in points, the NLL in nats per byte, lower is better): Δ is candidate minus
+    baseline; the verdict says which is better."""
+    from loopeval.evaluation.metrics import POINTS, OWN_UNITS
+
     t = res["tasks"][task]
+    unit = POINTS if t["unit"] == "fraction" else next(u for u in OWN_UNITS.values() if u.name == t["unit"])
     lo, hi = t["ci"]
     p = t["mcnemar_pvalue"] if t["decided_by"] == "mcnemar" else t["pvalue"]  # the p of the deciding test
-    return (f"| {name} | {t['n']} | {t['baseline']:.4f} | {t['candidate']:.4f} | {t['delta']:+.4f} | "
-            f"[{lo:+.4f}, {hi:+.4f}] | {p:.3g} ({t['decided_by']}) | {t['outcome']} |")
+    return (f"| {name} | {unit.name} | {t['n']} | {unit.show(t['baseline'])} | {unit.show(t['candidate'])} | "
+            f"{unit.show(t['delta'], signed=True)} | [{unit.show(lo, signed=True)}, {unit.show(hi, signed=True)}] | "
+            f"{p:.3g} ({t['decided_by']}) | {t['outcome']} |")
 
 
-CMP_HEADER = ("| comparison | n | baseline | candidate | Δ (candidate − baseline) | 95% CI | p | verdict |\n"
-              "|---|---:|---:|---:|---:|---|---:|---|")
+CMP_HEADER = ("| comparison | unit | n | baseline | candidate | Δ (candidate − baseline) | 95% CI | p | verdict |\n"
+              "|---|---|---:|---:|---:|---:|---|---:|---|")
 
 
 def profile_figure(placements: list[dict], path: Path, title: str) -> None:
