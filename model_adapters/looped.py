@@ -42,7 +42,7 @@ from loopeval.core.checkpoint import weights_fingerprint
 from loopeval.evaluation.identity import loaded_fingerprint, output_identity
 from loopeval.core.loop import check_source
 from loopeval.core.cost import loop_cost
-from loopeval.core.gguf import check_chat_template
+from loopeval.core.gguf import GGUFCheckedAutoModel, check_chat_template
 from loopeval.evaluation.decoding import (
     DecodingRules,
     RowOutcome,
@@ -292,6 +292,8 @@ class LoopedLM(ScoringTrace, HFLM):
             configure_threads()  # once, before the weights load: the count is part of the numerics
         except ValueError as exc:
             raise ValueError(f"looped: {exc}") from None
+        if kwargs.get("gguf_file"):
+            self.AUTO_MODEL_CLASS = GGUFCheckedAutoModel
         super().__init__(pretrained, **kwargs)
         if self.loop is not None and loop_config(self.model) is None:
             apply_loop(self.model, self.loop)

@@ -35,14 +35,16 @@ def load_model(
     has one is a ``ValueError``, and the spec is checked against the config before any
     weights load. ``gguf_file=NAME`` loads the GGUF file ``NAME`` in the folder ``path``
     (transformers dequantises it at every load; :func:`loopeval.core.gguf.import_gguf` saves
-    it once as a float checkpoint).
+    it once as a float checkpoint); a GGUF whose tensors leave weights unset is refused.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from loopeval.core.gguf import from_pretrained_checked
 
     config_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "trust_remote_code", "gguf_file")
                      if k in from_pretrained_kwargs}
     wanted = resolve_loop(path, loop, operator=operator, beta=beta, mix=mix, mix_source=mix_source, **config_kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
+    model = from_pretrained_checked(path, **from_pretrained_kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, **config_kwargs)
     if wanted is not None:
         apply_loop(model, wanted)

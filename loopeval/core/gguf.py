@@ -84,9 +84,7 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
     check_not_installed(out, "--out")
     path = check_gguf(file).resolve()
     folder, name = path.parent, path.name
-    loaded, info = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
-                                                        output_loading_info=True)
-    _check_loaded(file, loaded, info)
+    loaded = from_pretrained_checked(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if not has_template:
@@ -125,10 +123,29 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
     return out
 
 
+def from_pretrained_checked(path, *args, gguf_file: str | None = None, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained``; with ``gguf_file``, a GGUF whose tensors leave
+    weights of its architecture's model unset (transformers would initialise them at random,
+    e.g. a Llama file labelled ``qwen2`` lacks Qwen2's attention biases) is refused, naming the
+    file. Every loader of a GGUF goes through it: ``import-gguf``, ``load_model`` and lm-eval's
+    ``looped`` model."""
+    from transformers import AutoModelForCausalLM
+
+    if gguf_file is None:
+        return AutoModelForCausalLM.from_pretrained(path, *args, **kwargs)
+    model, info = AutoModelForCausalLM.from_pretrained(path, *args, gguf_file=gguf_file, output_loading_info=True,
+                                                       **kwargs)
+    _check_loaded(Path(path) / gguf_file if Path(path).is_dir() else gguf_file, model, info)
+    return model
+
+
+class GGUFCheckedAutoModel:
+    """``AutoModelForCausalLM`` for lm-eval's ``AUTO_MODEL_CLASS``, loading by :func:`from_pretrained_checked`."""
+
+    from_pretrained = staticmethod(from_pretrained_checked)
+
+
 def _check_loaded(file, model, info: dict) -> None:
-    """Refuse a GGUF whose tensors leave weights of its architecture's model unset
-    (transformers would initialise them at random): e.g. a Llama file labelled ``qwen2``
-    lacks Qwen2's attention biases."""
     tied = set(getattr(model, "_tied_weights_keys", None) or {})
     missing = sorted(set(info.get("missing_keys") or ()) - tied)
     if missing:

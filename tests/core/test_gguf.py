@@ -76,3 +76,14 @@ def test_a_gguf_whose_tensors_do_not_make_its_architectures_model_is_refused(tmp
                                          r"\(e.g. model.layers.0.self_attn.\w_proj.bias\)"):
         import_gguf(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    # every other loader of a GGUF refuses it too, rather than evaluating random attention biases
+    from loopeval import load_model
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model"):
+        load_model(tmp_path, gguf_file="q.gguf")
+    from loopeval.tools.tiny import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model"):
+        LoopedLM(pretrained=str(tmp_path), gguf_file="q.gguf", device="cpu", tokenizer=str(tmp_path / "tokenizer"))
