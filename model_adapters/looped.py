@@ -220,6 +220,22 @@ def chat_template_requested(argv: list[str]) -> bool:
     return any(a == "--apply_chat_template" or a.startswith("--apply_chat_template=") for a in argv)
 
 
+def check_requested_local_tasks(argv: list[str]) -> None:
+    """On an ``lm_eval ... --include_path DIR --tasks T`` command line, check the data of the
+    local tasks named (:func:`loopeval.evaluation.local_data.check_local_tasks`) before the
+    model loads: lm-eval builds the model first and reads task data after."""
+    import argparse
+
+    from loopeval.evaluation.local_data import check_local_tasks
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--include_path")
+    parser.add_argument("--tasks", "-t", nargs="+")
+    known, _ = parser.parse_known_args(argv[1:])
+    if known.include_path and known.tasks and Path(known.include_path).is_dir():
+        check_local_tasks([known.include_path], tasks={t for arg in known.tasks for t in arg.split(",") if t})
+
+
 class ScoringTrace:
     """Scoring requests (loglikelihood) open the trace first, so a scoring-only run's header is on record.
     A base of ``LoopedLM`` and of the engine's ``LoopedVLLM``, before their lm-eval class."""
@@ -239,6 +255,7 @@ class LoopedLM(ScoringTrace, HFLM):
     """``HFLM`` with a loop, decoding rules and a per-item trace (see the module docstring)."""
 
     def __new__(cls, pretrained=None, **kwargs):
+        check_requested_local_tasks(sys.argv)  # both engines: before any weights load
         if str(kwargs.get("engine", "hf")).strip().lower() == "vllm":
             from loopeval.evaluation.model_adapters.looped_vllm import LoopedVLLM
 

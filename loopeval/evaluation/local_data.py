@@ -208,10 +208,11 @@ def check_task_files(task: str, files: list[Path]) -> int:
     return len(rows)
 
 
-def check_local_tasks(folders) -> list[str]:
+def check_local_tasks(folders, *, tasks=None) -> list[str]:
     """Check the data of every local task in the task ``folders`` (a YAML written by
-    :func:`local_task`: it includes a loopeval task and names its ``data_files``) with
-    :func:`check_task_files`, before lm-eval loads anything; return the tasks checked."""
+    :func:`local_task`: it includes a loopeval task and names its ``data_files``), or of
+    those named in ``tasks``, with :func:`check_task_files`, before lm-eval loads anything;
+    return the tasks checked."""
     sources, checked = task_sources(), []
     for folder in folders:
         for file in sorted(Path(folder).glob("*.yaml")):
@@ -219,7 +220,8 @@ def check_local_tasks(folders) -> list[str]:
             base = Path(str(config.get("include") or "")).stem
             data_files = (config.get("dataset_kwargs") or {}).get("data_files") if isinstance(
                 config.get("dataset_kwargs"), dict) else None
-            if base not in sources or not isinstance(data_files, dict):
+            if base not in sources or not isinstance(data_files, dict) or (
+                    tasks is not None and config.get("task") not in tasks):
                 continue
             files = data_files.get(sources[base]["test_split"]) or []
             files = [files] if isinstance(files, str) else files

@@ -3,6 +3,7 @@ paired tests; the local-data task overrides of ``loopeval local-tasks``."""
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import lm_eval
@@ -347,3 +348,28 @@ def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path, monke
     with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: 4 of its 4 items are not in the task's test set "
                                          r"\(e.g. item 0\): not the benchmark; .* set pilot: true"):
         check_before_compute(loaded, expand(loaded))
+
+
+def test_lm_eval_command_line_checks_local_task_data_before_the_model_loads(tmp_path, monkeypatch):
+    """``lm_eval --model looped --tasks gsm8k_nll --include_path DIR``: lm-eval builds the
+    model before it reads task data; the looped model checks the named local tasks' data
+    first (the model path here does not even exist, so a load would fail otherwise)."""
+    from loopeval.evaluation.model_adapters.looped import LoopedLM
+
+    folder = tmp_path / "data" / "gsm8k" / "main"
+    folder.mkdir(parents=True)
+    shutil.copyfile(FIXTURE, folder / "test.jsonl")
+    write_local_tasks(tmp_path / "data", tmp_path / "tasks", tasks=["gsm8k_nll"])
+    for text, message in (("", r"test.jsonl: holds no records \(an empty file\)"),
+                          ('{"question": "q"}\n', r"test.jsonl:1: no field 'answer'"),
+                          ('{"question": "q", "answer": "#### 1"}\nnot json\n', r"test.jsonl:2: ")):
+        (folder / "test.jsonl").write_text(text)
+        for argv in (["lm_eval", "--model", "looped", "--tasks", "gsm8k_nll", "--include_path", str(tmp_path / "tasks")],
+                     ["lm_eval", "run", f"--include_path={tmp_path / 'tasks'}", "-t", "arc_easy,gsm8k_nll"]):
+            monkeypatch.setattr(sys, "argv", argv)
+            with pytest.raises(ValueError, match=message):
+                LoopedLM(pretrained=str(tmp_path / "no_such_model"))
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--tasks", "arc_easy", "--include_path", str(tmp_path / "tasks")])
+    with pytest.raises(Exception) as other:  # a task not named is not read: the model load is what fails
+        LoopedLM(pretrained=str(tmp_path / "no_such_model"))
+    assert "test.jsonl" not in str(other.value)
