@@ -238,9 +238,11 @@ TASK_PATHS = ("data_files", "cache_dir")
 def task_fingerprint(task) -> str:
     """sha256 of an lm-eval task's whole definition, as loaded: its config after includes
     and overrides (functions as their source; without the data's paths, :data:`TASK_PATHS`),
-    the source files of its functions (the ``utils.py`` they live in) and the content of
-    every evaluation and few-shot document (after ``process_docs``), so an edited data file
-    or YAML changes it, a moved data file does not."""
+    the source files of its functions (the ``utils.py`` they live in) and of the modules those
+    import from their own folder or from loopeval (:func:`_local_sources`: the scorer behind
+    a task's ``process_results``), and the content of every evaluation and few-shot document
+    (after ``process_docs``), so an edited data file, YAML or scorer changes it, a moved data
+    file does not."""
     import inspect
 
     digest = hashlib.sha256()
@@ -261,7 +263,7 @@ def task_fingerprint(task) -> str:
         return value
 
     digest.update(json.dumps(plain(config), sort_keys=True, default=str).encode())
-    for file in sorted(f for f in files if f and Path(f).is_file()):
+    for file in _local_sources(f for f in files if f and Path(f).is_file()):
         digest.update(Path(file).read_bytes())
     fewshot = task.fewshot_docs() if getattr(getattr(task, "fewshot_cfg", None), "split", None) is not None else None
     for docs in (task.eval_docs, fewshot or ()):
@@ -269,6 +271,35 @@ def task_fingerprint(task) -> str:
         for doc in docs:
             digest.update(json.dumps(doc, sort_keys=True, default=str).encode() + b"\n")
     return digest.hexdigest()
+
+
+def _local_sources(files) -> list[str]:
+    """``files`` and, transitively, the source files of the modules (and of the functions and
+    classes) they import that live beside one of ``files`` or inside loopeval; sorted.
+    Installed third-party code is left out: its version is recorded apart."""
+    import inspect
+    import sys
+
+    import loopeval
+
+    package = Path(loopeval.__file__).resolve().parent
+    folders = {Path(f).resolve().parent for f in files}
+    by_file = {Path(m.__file__).resolve(): m for m in list(sys.modules.values())
+               if isinstance(getattr(m, "__file__", None), str)}
+    seen, todo = set(), [Path(f).resolve() for f in files]
+    while todo:
+        file = todo.pop()
+        if file in seen or not file.is_file():
+            continue
+        seen.add(file)
+        module = by_file.get(file)
+        for value in vars(module).values() if module is not None else ():
+            with contextlib.suppress(TypeError):
+                source = inspect.getsourcefile(value if inspect.ismodule(value) else inspect.getmodule(value))
+                source = Path(source).resolve() if source else None
+                if source and (source.parent in folders or source.is_relative_to(package)):
+                    todo.append(source)
+    return sorted(str(f) for f in seen)
 
 
 @functools.lru_cache(maxsize=64)

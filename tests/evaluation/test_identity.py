@@ -156,3 +156,32 @@ def test_a_new_header_field_is_identity_unless_named_speed_only():
     names = {f.name for f in fields(TraceHeader)}
     header = TraceHeader(model="m", loop=None, cost={}, decoding=DecodingSettings())
     assert set(identity.output_identity(header)) == names - set(identity.NOT_OUTPUT)
+
+
+def test_a_tasks_functions_bring_the_modules_they_import_from_their_folder_or_loopeval(tmp_path, monkeypatch):
+    """The task fingerprint hashes the scorer behind ``process_results`` too: ``tasks/utils.py``
+    brings ``loopeval/evaluation/scoring.py``; a user's utils brings the helper module beside it
+    (imported through its folder on sys.path) but not numpy, whose version is recorded apart."""
+    import importlib.util
+    import sys
+
+    from loopeval.common.paths import tasks_path
+    from loopeval.evaluation.identity import _local_sources
+
+    def load(path, name):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+
+    load(tasks_path() / "utils.py", "loopeval_test_tasks_utils")
+    shipped = _local_sources([str(tasks_path() / "utils.py")])
+    assert [Path(f).name for f in shipped] == ["scoring.py", "utils.py"]
+
+    (tmp_path / "helpers_for_identity.py").write_text("def keep(docs):\n    return docs\n")
+    (tmp_path / "my_utils.py").write_text(
+        "import numpy\nimport helpers_for_identity\n\ndef process_docs(docs):\n    return helpers_for_identity.keep(docs)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    load(tmp_path / "my_utils.py", "my_utils_for_identity")
+    assert _local_sources([str(tmp_path / "my_utils.py")]) == sorted(
+        str((tmp_path / n).resolve()) for n in ("helpers_for_identity.py", "my_utils.py"))
