@@ -185,6 +185,42 @@ def test_bad_input_is_refused_before_any_work(options, message, monkeypatch):
         serving.serve_cost(tiny_model("qwen3"), progress=False, **kwargs)
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"cache": "static"}, r"--engine vllm: --cache static set transformers' generate and mean nothing on vLLM"),
+    ({"cache": "static", "compile": True}, r"--engine vllm: --cache static, --compile set transformers' generate"),
+    ({"device": "cpu"}, r"--engine vllm: --device cpu set transformers' generate"),
+    ({"batch_sizes": "auto"}, r"--engine vllm needs explicit --batch-sizes"),
+    ({"engine_args": {"enable_prefix_caching": True}}, r"engine_args enable_prefix_caching: serve-cost fixes them"),
+    ({"engine": "sglang"}, r"engine 'sglang': choose one of hf, vllm"),
+    ({"engine": "hf", "engine_args": {"enforce_eager": True}}, r"engine_args are vLLM's LLM keywords"),
+])
+def test_the_engine_refuses_what_it_cannot_measure_before_any_work(options, message, tmp_path, monkeypatch):
+    """Options of transformers' generate, auto batches and fixed settings are refused on the
+    engine before vLLM is imported or any model loads (this environment has no vLLM)."""
+    from loopeval.evaluation import serving
+
+    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
+    kwargs = {"loop": "1:4x2", "prompt_tokens": 8, "new_tokens": 4, "batch_sizes": [1], "engine": "vllm", **options}
+    with pytest.raises(ValueError, match=message):
+        serving.serve_cost(str(tmp_path), progress=False, **kwargs)
+    with pytest.raises(ValueError, match=r"--engine vllm loads checkpoint folders, not a Qwen3ForCausalLM object"):
+        serving.serve_cost(tiny_model("qwen3"), loop="1:4x2", batch_sizes=[1], engine="vllm", progress=False)
+
+
+def test_a_missing_vllm_is_refused_with_the_install_line(tmp_path, monkeypatch):
+    from loopeval.engines import vllm_engine
+    from loopeval.evaluation import serving
+
+    def missing():
+        raise ImportError(vllm_engine.INSTALL)
+
+    monkeypatch.setattr(vllm_engine, "engine_version", missing)
+    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before vLLM was found"))
+    with pytest.raises(ValueError) as refused:
+        serving.serve_cost(str(tmp_path), loop="1:4x2", batch_sizes=[1], engine="vllm", progress=False)
+    assert str(refused.value) == f"--engine vllm: {vllm_engine.INSTALL}"
+
+
 def test_compile_without_a_working_backend_is_explained(monkeypatch):
     from loopeval.evaluation import serving
 
