@@ -27,9 +27,8 @@ def add(sub) -> None:
                    help="auto (default: the largest batch that fits on CUDA; see docs/serving.md for CPU) or 1,8,64")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--engine", choices=list(ENGINES), default="hf",
-                   help="hf (transformers' generate, default) or vllm (the vLLM engine, prefix caching off; "
+                   help="hf (transformers' generate, default) or vllm (the vLLM engine, eager, prefix caching off; "
                    "docs/serving.md)")
-    p.add_argument("--enforce-eager", action="store_true", help="vLLM: no compilation or CUDA graphs (--engine vllm)")
     p.add_argument("--cache", choices=list(CACHES), default="dynamic")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (needs --cache static)")
     p.add_argument("--device", help="default: cuda if available, else cpu")
@@ -49,8 +48,7 @@ def run(args) -> int:
     check_outputs({"--out": args.out}, args.model)
     result = serve_cost(args.model, loop=args.loop, **loop_options(args), prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         batch_sizes=args.batch_sizes, repeats=args.repeats, engine=args.engine, compile=args.compile,
-                        cache=args.cache, device=args.device, dtype=args.dtype,
-                        engine_args={"enforce_eager": True} if args.enforce_eager else None, out=args.out)
+                        cache=args.cache, device=args.device, dtype=args.dtype, out=args.out)
     print(result.to_text())
     print(f"wrote {args.out}/serve_cost.json")
     return 0

@@ -5,7 +5,8 @@ Each model gets its own in-process ``LLM`` (``distributed_executor_backend="uni"
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` from :data:`loopeval.engines.vllm_engine.ENV_DEFAULTS`),
 looped by :func:`loopeval.engines.vllm_models.engine_overrides` as the lm-eval adapter
 loops it, with prefix caching **off**: every repeat sends the same prompt ids, so a prefix
-cache would serve the repeats' prompts from its blocks and time no prefill. Each row
+cache would serve the repeats' prompts from its blocks and time no prefill; and eager
+(:data:`FIXED`). Each row
 generates exactly ``new_tokens`` tokens (``min_tokens = max_tokens``, ``ignore_eos``),
 greedily, on the seeded random prompt ids the HF path uses.
 """
@@ -13,10 +14,13 @@ greedily, on the seeded random prompt ids the HF path uses.
 from __future__ import annotations
 
 from loopeval.engines.vllm_engine import configure_environment
-from loopeval.evaluation.serving import _Clock
+from loopeval.evaluation.serving import Clock
 
-FIXED = {"distributed_executor_backend": "uni", "enable_prefix_caching": False}
-"""``LLM`` settings serve-cost measures with; ``engine_args`` cannot change them."""
+FIXED = {"distributed_executor_backend": "uni", "enable_prefix_caching": False, "enforce_eager": True}
+"""``LLM`` settings serve-cost measures with; ``engine_args`` cannot change them. Eager: vLLM
+compiles (and on GPUs graphs) the base class's decoder model, whose forward the looped
+classes replace with the loop's, so compiled the two sides would not run alike (measured on
+SmolLM2, 14:16x2 at c = 1.067: latency x1.32 to x1.42 compiled)."""
 
 
 def engine(path, *, loop, dtype: str, max_model_len: int, seed: int, engine_args: dict):
@@ -55,16 +59,7 @@ def kv_bytes_per_token(llm) -> int:
                for g in kv_cache_config(llm).kv_cache_groups)
 
 
-def weight_bytes(llm) -> int:
-    """Bytes of the parameters and buffers of the model vLLM runs."""
-    def count(model) -> int:
-        tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-        return sum(t.numel() * t.element_size() for t in tensors.values())
-
-    return sum(llm.apply_model(count))
-
-
-class Meter(_Clock):
+class Meter(Clock):
     """Times ``LLM.generate`` of exactly ``new_tokens`` tokens per row on the shared prompt ids."""
 
     def generate(self, llm, batch: int, new_tokens: int):

@@ -25,6 +25,14 @@ sides generate the same tokens):
 Timings synchronise CUDA before reading the clock. Times are medians over ``repeats``
 with their min and max.
 
+The same figures run on vLLM with ``engine="vllm"`` (:mod:`loopeval.engines.vllm_serving`):
+both models' ``LLM`` alive in one process and measured alternately, prefix caching off, eager.
+vLLM preallocates its paged KV cache, so the peak above has no meaning there; memory is
+the KV cache bytes per token as vLLM allocates them (its KV cache spec: over the attention
+layers, the loop's call sites included, page bytes over block size), shown next to
+``loop_cost``'s, and the memory at batch 1 is the weights plus that KV for one row of
+``prompt_tokens + new_tokens``.
+
 Each ratio comes with its spread: the repeats are interleaved (every repeat times each
 model in turn), so repeat k gives one candidate / baseline ratio; the ratio shown
 everywhere (headline, notes, JSON, report) is the median of those per-repeat ratios, and
@@ -287,8 +295,9 @@ class ServeCost:
                  f"{m.kv_bytes_per_token:,}",
                  f"{m.engine_kv_bytes_per_token:,}" if vllm else f"{m.memory_growth_per_token:,.0f}")
                 for m in self.models]
-        lines = [f"{self.engine} {self.engine_version}, {s.get('device')}, {s.get('dtype')}, {s.get('prompt_tokens')} prompt + {s.get('new_tokens')} new "
-                 f"tokens, {s.get('cache')} cache{', compiled' if s.get('compile') else ''}, {s.get('repeats')} "
+        compiled = ", compiled" if s.get("compile") else ""
+        lines = [f"{self.engine} {self.engine_version}, {s.get('device')}, {s.get('dtype')}, {s.get('prompt_tokens')} "
+                 f"prompt + {s.get('new_tokens')} new tokens, {s.get('cache')} cache{compiled}, {s.get('repeats')} "
                  f"repeats (medians); batch sizes {s.get('batch_sizes')}", "", table(header, rows, text_columns=2),
                  "", f"ratios: the {STATISTIC}"]
         for i, m in enumerate(self.models[1:], 1):
@@ -474,7 +483,7 @@ def _load(sources, loop, dtype, device):
     return [("unlooped", base, tok), (f"looped {wanted.spec}", looped, tok)]
 
 
-class _Clock:
+class Clock:
     """Times generations of the models on the same seeded random prompt rows; a subclass
     says how to generate (:meth:`generate`) and count the tokens generated (:meth:`generated`)."""
 
@@ -518,7 +527,7 @@ class _Clock:
         return elapsed
 
 
-class _Meter(_Clock):
+class _Meter(Clock):
     """Times and weighs ``generate`` calls of the models on one device."""
 
     def __init__(self, device, pad_token_id: int, vocab_size: int, prompt_tokens: int, options: dict, seed: int):
@@ -661,14 +670,15 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     ``engine="vllm"`` measures the same figures on vLLM (:mod:`loopeval.engines.vllm_serving`):
     every model's ``LLM`` alive in this process, timed in turn as above, with **prefix
     caching off** (the repeats send the same prompt ids, so a prefix cache would skip their
-    prefill). vLLM preallocates its paged KV cache, so there is no per-generation peak:
+    prefill), eager. vLLM preallocates its paged KV cache, so there is no per-generation peak:
     ``engine_kv_bytes_per_token`` is the KV cache bytes per token vLLM allocates (over its KV
     cache spec's attention layers, the loop's call sites included: page bytes over block
     size), next to ``loop_cost``'s ``kv_bytes_per_token``, and the memory at batch 1
-    (``peak_memory_bytes``) is the weights vLLM holds plus that KV for one row of
+    (``peak_memory_bytes``) is the weights plus that KV for one row of
     ``prompt_tokens + new_tokens``. It needs checkpoint folders and explicit ``batch_sizes``;
     ``cache``, ``compile`` and ``device`` set transformers' ``generate`` and are refused;
-    ``engine_args`` are further ``LLM`` keywords (e.g. ``{"enforce_eager": True}``).
+    ``engine_args`` are further ``LLM`` keywords (e.g. ``{"gpu_memory_utilization": 0.5}``), beside
+    :data:`loopeval.engines.vllm_serving.FIXED` (eager, prefix caching off).
     """
     import torch
     import transformers
@@ -700,10 +710,12 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     costs = [loop_cost(model, config.spec if config else None) for (_, model, _), config in zip(loaded, loops)]
     model_dtype = str(next(loaded[0][1].parameters()).dtype).replace("torch.", "")
     vocab = min(m.config.get_text_config(decoder=True).vocab_size for _, m, _ in loaded)
+    # the weights at the dtype measured (vLLM loads the same; its CPU backend repacks linear layers outside
+    # the module's parameters, so they are counted here)
+    weights = [sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()]) for _, m, _ in loaded]
     if engine == "vllm":
         from loopeval.engines import vllm_serving
 
-        weights = None  # read from the engines below
         del loaded  # the engines hold their own weights
         paths = sources if len(sources) > 1 else sources * 2
         timed = [vllm_serving.engine(path, loop=config, dtype=model_dtype, max_model_len=prompt_tokens + new_tokens,
@@ -714,7 +726,6 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
         pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
                                 getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)
         timed = [model for _, model, _ in loaded]
-        weights = [sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()]) for m in timed]
         meter = _Meter(device, pad, vocab, prompt_tokens, options, seed)
 
     from tqdm.auto import tqdm
@@ -737,7 +748,6 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
             prefill[i].append(one)
             latency[i].append((full - one) / (new_tokens - 1))
     if engine == "vllm":
-        weights = [vllm_serving.weight_bytes(llm) for llm in timed]
         engine_kv = [vllm_serving.kv_bytes_per_token(llm) for llm in timed]
         memory = [(kv * (prompt_tokens + new_tokens), None) for kv in engine_kv]
     else:
@@ -783,7 +793,7 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
 
         version = engine_version()
         kv_config = vllm_serving.kv_cache_config(timed[0])
-        where = {"cache": "paged", "compile": not engine_args.get("enforce_eager", False),
+        where = {"cache": "paged", "compile": False,
                  "device": vllm_serving.device_type(),
                  "engine_args": {**vllm_serving.FIXED, **engine_args},
                  "kv_block_size": kv_config.kv_cache_groups[0].kv_cache_spec.block_size,

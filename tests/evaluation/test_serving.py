@@ -108,7 +108,7 @@ def test_compiled_decoding_equals_eager():
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_serve_cost_measures_the_kv_cache_it_predicts(cache, tmp_path):
-    from loopeval.evaluation.serving import read_serve_cost, serve_cost
+    from loopeval.evaluation.serving import ServeCost, read_serve_cost, serve_cost
 
     model = tiny_model("qwen3")
     result = serve_cost(model, loop="1:4x2", prompt_tokens=8, new_tokens=5, batch_sizes=[1, 2], repeats=1,
@@ -130,6 +130,14 @@ def test_serve_cost_measures_the_kv_cache_it_predicts(cache, tmp_path):
     assert ratios["flop_multiplier"] == pytest.approx(
         loop_cost(model, "1:4x2").generation_flops(8, 5) / loop_cost(model, None).generation_flops(8, 5))
     assert read_serve_cost(tmp_path) == result
+    import transformers
+
+    assert (result.engine, result.engine_version) == ("hf", transformers.__version__)
+    old = json.loads((tmp_path / "serve_cost.json").read_text())  # as written before the engine was recorded
+    del old["engine"], old["engine_version"]
+    for m in old["models"]:
+        del m["engine_kv_bytes_per_token"]
+    assert ServeCost.from_dict(old) == result
     assert "c = 1.500" in result.to_text()
     assert loop_config(model) is None  # the given model is the unlooped side, untouched
 
