@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from loopeval.cli._common import add_loop_options, int_list, loop_options
+from loopeval.evaluation.serving import CACHES, ENGINES
 
 
 def add(sub) -> None:
@@ -12,7 +13,7 @@ def add(sub) -> None:
         help="latency, throughput and memory of looped against unlooped decoding (the paper's Table 10)",
         description="Measures, interleaved in one process: prefill time, decode latency per token at batch 1 "
         "(prefill excluded), throughput at each batch size, peak memory at batch 1 and the memory growth per "
-        "token next to loop_cost's KV bytes; prints each ratio next to c and writes OUT/serve_cost.json. One "
+        "token next to loop_cost's KV bytes (with --engine vllm: the KV bytes per token vLLM allocates); prints each ratio next to c and writes OUT/serve_cost.json. One "
         "--model with --loop (or its own loop) is compared with its unlooped self; several --model are compared "
         "with the first.",
     )
@@ -25,7 +26,10 @@ def add(sub) -> None:
     p.add_argument("--batch-sizes", type=_batch_sizes, default="auto",
                    help="auto (default: the largest batch that fits on CUDA; see docs/serving.md for CPU) or 1,8,64")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
+    p.add_argument("--engine", choices=list(ENGINES), default="hf",
+                   help="hf (transformers' generate, default) or vllm (the vLLM engine, eager, prefix caching off; "
+                   "docs/serving.md)")
+    p.add_argument("--cache", choices=list(CACHES), default="dynamic")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (needs --cache static)")
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: the checkpoint's")
@@ -43,8 +47,8 @@ def run(args) -> int:
 
     check_outputs({"--out": args.out}, args.model)
     result = serve_cost(args.model, loop=args.loop, **loop_options(args), prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
-                        batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile, cache=args.cache,
-                        device=args.device, dtype=args.dtype, out=args.out)
+                        batch_sizes=args.batch_sizes, repeats=args.repeats, engine=args.engine, compile=args.compile,
+                        cache=args.cache, device=args.device, dtype=args.dtype, out=args.out)
     print(result.to_text())
     print(f"wrote {args.out}/serve_cost.json")
     return 0

@@ -25,6 +25,14 @@ sides generate the same tokens):
 Timings synchronise CUDA before reading the clock. Times are medians over ``repeats``
 with their min and max.
 
+The same figures run on vLLM with ``engine="vllm"`` (:mod:`loopeval.engines.vllm_serving`):
+both models' ``LLM`` alive in one process and measured alternately, prefix caching off, eager.
+vLLM preallocates its paged KV cache, so the peak above has no meaning there; memory is
+the KV cache bytes per token as vLLM allocates them (its KV cache spec: over the attention
+layers, the loop's call sites included, page bytes over block size), shown next to
+``loop_cost``'s, and the memory at batch 1 is the weights plus that KV for one row of
+``prompt_tokens + new_tokens``.
+
 Each ratio comes with its spread: the repeats are interleaved (every repeat times each
 model in turn), so repeat k gives one candidate / baseline ratio; the ratio shown
 everywhere (headline, notes, JSON, report) is the median of those per-repeat ratios, and
@@ -51,6 +59,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+ENGINES = ("hf", "vllm")
+"""What decodes: transformers' ``generate`` (the HF path) or vLLM (:mod:`loopeval.engines.vllm_serving`)."""
 CACHES = ("dynamic", "static")
 """Cache implementations: HF's default dynamic cache, or its preallocated ``StaticCache``."""
 
@@ -150,8 +160,9 @@ class ModelServing:
     latency_s: Spread  # decode seconds per token at batch 1, prefill excluded
     throughput: dict[int, Spread]
     max_batch: int
-    peak_memory_bytes: int  # at batch 1: weights + peak tensor memory of the generation
-    memory_growth_per_token: float  # measured, bytes per generated token at batch 1
+    peak_memory_bytes: int  # at batch 1: weights + peak tensor memory of the generation (vLLM: + one row's KV)
+    memory_growth_per_token: float | None  # measured, bytes per generated token at batch 1 (HF path only)
+    engine_kv_bytes_per_token: int | None = None  # as vLLM allocates its paged KV cache (vLLM only)
 
     @property
     def max_throughput(self) -> float:
@@ -177,6 +188,8 @@ class ServeCost:
 
     models: tuple[ModelServing, ...]
     settings: dict = field(default_factory=dict)
+    engine: str = "hf"  # ENGINES
+    engine_version: str | None = None  # transformers' version on the HF path, vLLM's on the engine
 
     @property
     def baseline(self) -> ModelServing:
@@ -236,7 +249,8 @@ class ServeCost:
             d = asdict(m)
             d["throughput"] = {str(k): asdict(v) for k, v in m.throughput.items()}
             models.append(d)
-        return {"format": FORMAT, "settings": self.settings, "models": models,
+        return {"format": FORMAT, "engine": self.engine, "engine_version": self.engine_version,
+                "settings": self.settings, "models": models,
                 "ratios": [self.ratios(i) for i in range(1, len(self.models))],
                 "ratio_spreads": [{k: asdict(v) for k, v in self.ratio_spreads(i).items()}
                                   for i in range(1, len(self.models))],
@@ -262,21 +276,28 @@ class ServeCost:
                 m[key] = _spread(m[key])
             m["throughput"] = {int(k): _spread(v) for k, v in m["throughput"].items()}
             models.append(ModelServing(**m))
-        return cls(tuple(models), dict(d.get("settings") or {}))
+        settings = dict(d.get("settings") or {})
+        # files written before the engine was recorded were measured on the HF path
+        return cls(tuple(models), settings, engine=d.get("engine", "hf"),
+                   engine_version=d.get("engine_version", (settings.get("versions") or {}).get("transformers")))
 
     def to_text(self) -> str:
         """The terminal table: one row per model, then each candidate's ratios next to c."""
         from loopeval.common.text import table
 
         s = self.settings
+        vllm = self.engine == "vllm"
         header = ("model", "loop", "passes", "prefill ms", "latency ms/tok", "[min, max]", "batch", "tokens/s",
-                  "peak MB", "KV B/tok", "measured B/tok")
+                  "batch-1 MB" if vllm else "peak MB", "KV B/tok", "vLLM KV B/tok" if vllm else "measured B/tok")
         rows = [(m.name, m.loop or "-", f"{m.passes:g}", f"{1e3 * m.prefill_s.median:.2f}",
                  f"{1e3 * m.latency_s.median:.2f}", f"[{1e3 * m.latency_s.low:.2f}, {1e3 * m.latency_s.high:.2f}]",
                  str(m.max_batch), f"{m.max_throughput:,.1f}", f"{m.peak_memory_bytes / 2**20:,.1f}",
-                 f"{m.kv_bytes_per_token:,}", f"{m.memory_growth_per_token:,.0f}") for m in self.models]
-        lines = [f"{s.get('device')}, {s.get('dtype')}, {s.get('prompt_tokens')} prompt + {s.get('new_tokens')} new "
-                 f"tokens, {s.get('cache')} cache{', compiled' if s.get('compile') else ''}, {s.get('repeats')} "
+                 f"{m.kv_bytes_per_token:,}",
+                 f"{m.engine_kv_bytes_per_token:,}" if vllm else f"{m.memory_growth_per_token:,.0f}")
+                for m in self.models]
+        compiled = ", compiled" if s.get("compile") else ""
+        lines = [f"{self.engine} {self.engine_version}, {s.get('device')}, {s.get('dtype')}, {s.get('prompt_tokens')} "
+                 f"prompt + {s.get('new_tokens')} new tokens, {s.get('cache')} cache{compiled}, {s.get('repeats')} "
                  f"repeats (medians); batch sizes {s.get('batch_sizes')}", "", table(header, rows, text_columns=2),
                  "", f"ratios: the {STATISTIC}"]
         for i, m in enumerate(self.models[1:], 1):
@@ -320,6 +341,42 @@ def _batch_sizes(value) -> tuple[int, ...] | str:
         raise ValueError(f"batch sizes {value!r}: expected 'auto' or positive integers such as 1,8,64 "
                          "(a batch size of 0 generates nothing)")
     return tuple(sorted(set(sizes)))
+
+
+def _check_engine(engine, sources, sizes, *, cache, compile, device, engine_args) -> dict:
+    """The engine's further ``LLM`` keywords; refuses, before any model loads, what ``engine``
+    cannot measure: options of transformers' ``generate`` on vLLM, ``auto`` batch sizes,
+    model objects and settings serve-cost fixes (prefix caching off), and a missing vLLM."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine == "hf":
+        if engine_args:
+            raise ValueError("engine_args are vLLM's LLM keywords: give engine='vllm' (--engine vllm) or drop them")
+        return {}
+    hf_only = [name for name, given in ((f"--cache {cache}", cache != "dynamic"), ("--compile", compile),
+                                        (f"--device {device}", device is not None)) if given]
+    if hf_only:
+        raise ValueError(f"--engine vllm: {', '.join(hf_only)} set transformers' generate and mean nothing on vLLM, "
+                         "which pages its own KV cache, compiles by its own settings and places itself on the GPUs "
+                         "CUDA_VISIBLE_DEVICES shows; drop them")
+    if sizes == "auto":
+        raise ValueError("--engine vllm needs explicit --batch-sizes (e.g. 1,8,64): auto searches by transformers' "
+                         "out-of-memory error and the HF path's throughput, not by vLLM's scheduler")
+    objects = [type(s).__name__ for s in sources if not isinstance(s, (str, os.PathLike))]
+    if objects:
+        raise ValueError(f"--engine vllm loads checkpoint folders, not a {objects[0]} object: save it first "
+                         "(loopeval.save_model)")
+    from loopeval.engines.vllm_engine import INSTALL, engine_version
+    from loopeval.engines.vllm_serving import FIXED
+
+    fixed = sorted(set(engine_args or {}) & set(FIXED))
+    if fixed:
+        raise ValueError(f"engine_args {', '.join(fixed)}: serve-cost fixes them ({FIXED}); drop them")
+    try:
+        engine_version()
+    except ImportError:
+        raise ValueError(f"--engine vllm: {INSTALL}") from None
+    return dict(engine_args or {})
 
 
 def _check_counts(prompt_tokens, new_tokens, repeats) -> None:
@@ -426,17 +483,16 @@ def _load(sources, loop, dtype, device):
     return [("unlooped", base, tok), (f"looped {wanted.spec}", looped, tok)]
 
 
-class _Meter:
-    """Times and weighs ``generate`` calls of the models on one device."""
+class Clock:
+    """Times generations of the models on the same seeded random prompt rows; a subclass
+    says how to generate (:meth:`generate`) and count the tokens generated (:meth:`generated`)."""
 
-    def __init__(self, device, pad_token_id: int, vocab_size: int, prompt_tokens: int, options: dict, seed: int):
+    def __init__(self, device, vocab_size: int, prompt_tokens: int, seed: int):
         import torch
 
         self.torch = torch
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.pad = pad_token_id
-        self.options = options
         self.prompt_tokens = prompt_tokens
         self.generator = torch.Generator().manual_seed(seed)
         self.vocab_size = vocab_size
@@ -460,6 +516,25 @@ class _Meter:
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
 
+    def seconds(self, model, batch: int, new_tokens: int) -> float:
+        self._sync()
+        start = time.perf_counter()
+        out = self.generate(model, batch, new_tokens)
+        self._sync()
+        elapsed = time.perf_counter() - start
+        if (generated := self.generated(out)) != new_tokens:
+            raise RuntimeError(f"generate returned {generated} tokens, not {new_tokens}")
+        return elapsed
+
+
+class _Meter(Clock):
+    """Times and weighs ``generate`` calls of the models on one device."""
+
+    def __init__(self, device, pad_token_id: int, vocab_size: int, prompt_tokens: int, options: dict, seed: int):
+        super().__init__(device, vocab_size, prompt_tokens, seed)
+        self.pad = pad_token_id
+        self.options = options
+
     def generate(self, model, batch: int, new_tokens: int, **extra):
         ids = self.prompt(batch)
         with self.torch.no_grad():
@@ -470,15 +545,8 @@ class _Meter:
             self.bar.update(batch * new_tokens)
         return out
 
-    def seconds(self, model, batch: int, new_tokens: int) -> float:
-        self._sync()
-        start = time.perf_counter()
-        out = self.generate(model, batch, new_tokens)
-        self._sync()
-        elapsed = time.perf_counter() - start
-        if out.shape[1] != self.prompt_tokens + new_tokens:
-            raise RuntimeError(f"generate returned {out.shape[1] - self.prompt_tokens} tokens, not {new_tokens}")
-        return elapsed
+    def generated(self, out) -> int:
+        return out.shape[1] - self.prompt_tokens
 
     def fits(self, model, batch: int, new_tokens: int) -> bool:
         self.planned(batch * new_tokens)  # the search's length is not known in advance
@@ -582,9 +650,9 @@ def _auto_batch(meter: _Meter, model, new_tokens: int, *, cache_bytes_per_row: i
 
 
 def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int = 256, batch_sizes="auto",
-               repeats: int = 5, compile: bool = False, cache: str = "dynamic", device: str | None = None,
-               dtype: str | None = None, seed: int = 0, out: str | Path | None = None,
-               progress: bool = True, **loop_options) -> ServeCost:
+               repeats: int = 5, engine: str = "hf", compile: bool = False, cache: str = "dynamic",
+               device: str | None = None, dtype: str | None = None, engine_args: dict | None = None, seed: int = 0,
+               out: str | Path | None = None, progress: bool = True, **loop_options) -> ServeCost:
     """Measure the serving cost of ``models`` side by side (module docstring).
 
     ``models`` is one checkpoint (path, hub id or model), compared with ``loop`` or its
@@ -598,6 +666,19 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     object is measured as it is. ``device`` defaults to CUDA when present. Every
     input is checked before any model loads or runs. With ``out``, writes
     ``out/serve_cost.json``.
+
+    ``engine="vllm"`` measures the same figures on vLLM (:mod:`loopeval.engines.vllm_serving`):
+    every model's ``LLM`` alive in this process, timed in turn as above, with **prefix
+    caching off** (the repeats send the same prompt ids, so a prefix cache would skip their
+    prefill), eager. vLLM preallocates its paged KV cache, so there is no per-generation peak:
+    ``engine_kv_bytes_per_token`` is the KV cache bytes per token vLLM allocates (over its KV
+    cache spec's attention layers, the loop's call sites included: page bytes over block
+    size), next to ``loop_cost``'s ``kv_bytes_per_token``, and the memory at batch 1
+    (``peak_memory_bytes``) is the weights plus that KV for one row of
+    ``prompt_tokens + new_tokens``. It needs checkpoint folders and explicit ``batch_sizes``;
+    ``cache``, ``compile`` and ``device`` set transformers' ``generate`` and are refused;
+    ``engine_args`` are further ``LLM`` keywords (e.g. ``{"gpu_memory_utilization": 0.5}``), beside
+    :data:`loopeval.engines.vllm_serving.FIXED` (eager, prefix caching off).
     """
     import torch
     import transformers
@@ -607,96 +688,130 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
 
     _check_counts(prompt_tokens, new_tokens, repeats)
     sizes = _batch_sizes(batch_sizes)
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    options = generation_options(cache, compile, device=device)
-    if compile:
-        check_compile_backend(device)
+    sources = list(models) if isinstance(models, (list, tuple)) else [models]
+    engine_args = _check_engine(engine, sources, sizes, cache=cache, compile=compile, device=device,
+                                engine_args=engine_args)
+    if engine == "hf":
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        options = generation_options(cache, compile, device=device)
+        if compile:
+            check_compile_backend(device)
     if out is not None:
         _writable(out)
-    sources = list(models) if isinstance(models, (list, tuple)) else [models]
     loop = _loop_with_options(loop, loop_options)
     _check_sources(sources, loop, prompt_tokens + new_tokens)
     from loopeval.common.threads import configure_threads
 
     threads = configure_threads()
-    loaded = _load(sources, loop, dtype, device)
-    tokenizer = loaded[0][2]
-    pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
-                            getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)
+    loaded = _load(sources, loop, dtype, "cpu" if engine == "vllm" else device)
+    names = [name for name, _, _ in loaded]
+    loops = [loop_config(model) for _, model, _ in loaded]
+    costs = [loop_cost(model, config.spec if config else None) for (_, model, _), config in zip(loaded, loops)]
+    model_dtype = str(next(loaded[0][1].parameters()).dtype).replace("torch.", "")
     vocab = min(m.config.get_text_config(decoder=True).vocab_size for _, m, _ in loaded)
-    meter = _Meter(device, pad, vocab, prompt_tokens, options, seed)
-    costs = []
-    for _, model, _ in loaded:
-        config = loop_config(model)
-        costs.append(loop_cost(model, config.spec if config else None))
+    # the weights at the dtype measured (vLLM loads the same; its CPU backend repacks linear layers outside
+    # the module's parameters, so they are counted here)
+    weights = [sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()]) for _, m, _ in loaded]
+    if engine == "vllm":
+        from loopeval.engines import vllm_serving
+
+        del loaded  # the engines hold their own weights
+        paths = sources if len(sources) > 1 else sources * 2
+        timed = [vllm_serving.engine(path, loop=config, dtype=model_dtype, max_model_len=prompt_tokens + new_tokens,
+                                     seed=seed, engine_args=engine_args) for path, config in zip(paths, loops)]
+        meter = vllm_serving.Meter("cpu", vocab, prompt_tokens, seed)
+    else:
+        tokenizer = loaded[0][2]
+        pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
+                                getattr(tokenizer, "eos_token_id", None)) if v is not None), 0)
+        timed = [model for _, model, _ in loaded]
+        meter = _Meter(device, pad, vocab, prompt_tokens, options, seed)
 
     from tqdm.auto import tqdm
 
     # the bar counts generated tokens: a generation's time grows with them, so the ETA holds
-    per_model = None if sizes == "auto" else [list(sizes)] * len(loaded)
+    per_model = None if sizes == "auto" else [list(sizes)] * len(timed)
+    memory_runs = 0 if engine == "vllm" else 1 + new_tokens  # the HF path weighs a batch-1 generation
     meter.bar = tqdm(desc="serve-cost", unit="token", disable=not progress,
-                     total=len(loaded) * ((repeats + 2) * (1 + new_tokens)  # warm-up, repeats, memory at batch 1
-                                          + sum((1 + repeats) * b * new_tokens for b in (per_model or [[]])[0])))
-    for _, model, _ in loaded:  # warm-up (and, compiled, compilation) of every shape timed below
+                     total=len(timed) * ((repeats + 1) * (1 + new_tokens) + memory_runs  # warm-up, repeats
+                                         + sum((1 + repeats) * b * new_tokens for b in (per_model or [[]])[0])))
+    for model in timed:  # warm-up (and, compiled, compilation) of every shape timed below
         meter.seconds(model, 1, 1)
         meter.seconds(model, 1, new_tokens)
-    prefill = [[] for _ in loaded]
-    latency = [[] for _ in loaded]
+    prefill = [[] for _ in timed]
+    latency = [[] for _ in timed]
     for _ in range(repeats):
-        for i, (_, model, _) in enumerate(loaded):
+        for i, model in enumerate(timed):
             one = meter.seconds(model, 1, 1)
             full = meter.seconds(model, 1, new_tokens)
             prefill[i].append(one)
             latency[i].append((full - one) / (new_tokens - 1))
-    memory = []
-    for _, model, _ in loaded:
-        peak, kept = meter.memory(model, new_tokens)
-        _, kept_one = meter.memory(model, 1)
-        memory.append((peak, (kept - kept_one) / (new_tokens - 1)))
+    if engine == "vllm":
+        engine_kv = [vllm_serving.kv_bytes_per_token(llm) for llm in timed]
+        memory = [(kv * (prompt_tokens + new_tokens), None) for kv in engine_kv]
+    else:
+        engine_kv = [None] * len(timed)
+        memory = []
+        for model in timed:
+            peak, kept = meter.memory(model, new_tokens)
+            _, kept_one = meter.memory(model, 1)
+            memory.append((peak, (kept - kept_one) / (new_tokens - 1)))
     if sizes == "auto":
         chosen = []
-        for (_, model, _), cost in zip(loaded, costs):
+        for model, cost in zip(timed, costs):
             row = cost.kv_bytes(prompt_tokens + new_tokens) + cost.state_bytes_per_sequence
             chosen.append(_auto_batch(meter, model, new_tokens, cache_bytes_per_row=row))
         per_model = [sorted({1, b}) for b in chosen]
         meter.planned(sum((1 + repeats) * b * new_tokens for batches in per_model for b in batches))
     else:
-        chosen = [sizes[-1]] * len(loaded)
+        chosen = [sizes[-1]] * len(timed)
     rates = [{b: [] for b in batches} for batches in per_model]
     for batch in sorted({b for batches in per_model for b in batches}):
-        for i, (_, model, _) in enumerate(loaded):
+        for i, model in enumerate(timed):
             if batch in rates[i]:
                 meter.seconds(model, batch, new_tokens)  # warm-up of this shape
         for _ in range(repeats):
-            for i, (_, model, _) in enumerate(loaded):
+            for i, model in enumerate(timed):
                 if batch in rates[i]:
                     rates[i][batch].append(batch * new_tokens / meter.seconds(model, batch, new_tokens))
     meter.bar.close()
     meter.bar = None
     results = []
-    for i, ((name, model, _), cost) in enumerate(zip(loaded, costs)):
-        config = loop_config(model)
-        weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    for i, (name, config, cost) in enumerate(zip(names, loops, costs)):
         results.append(ModelServing(
             name=name, loop=str(config.spec) if config else None, passes=cost.passes,
-            generation_flops=cost.generation_flops(prompt_tokens, new_tokens), weight_bytes=weights,
+            generation_flops=cost.generation_flops(prompt_tokens, new_tokens), weight_bytes=weights[i],
             kv_bytes_per_token=cost.kv_bytes_per_token, state_bytes_per_sequence=cost.state_bytes_per_sequence,
             prefill_s=Spread.of(prefill[i]), latency_s=Spread.of(latency[i]),
             throughput={b: Spread.of(v) for b, v in rates[i].items()}, max_batch=chosen[i],
-            peak_memory_bytes=weights + memory[i][0], memory_growth_per_token=memory[i][1],
+            peak_memory_bytes=weights[i] + memory[i][0], memory_growth_per_token=memory[i][1],
+            engine_kv_bytes_per_token=engine_kv[i],
         ))
+    if engine == "vllm":
+        from loopeval.engines.vllm_engine import engine_version
+
+        version = engine_version()
+        kv_config = vllm_serving.kv_cache_config(timed[0])
+        where = {"cache": "paged", "compile": False,
+                 "device": vllm_serving.device_type(),
+                 "engine_args": {**vllm_serving.FIXED, **engine_args},
+                 "kv_block_size": kv_config.kv_cache_groups[0].kv_cache_spec.block_size,
+                 "memory": "weights + vLLM's KV bytes per token x (prompt_tokens + new_tokens)"}
+    else:
+        version = transformers.__version__
+        where = {"cache": cache, "compile": compile, "device": str(device),
+                 "memory": "torch.cuda.max_memory_allocated" if meter.cuda else "torch.profiler CPU allocations"}
     settings = {
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-        "batch_sizes": sizes if sizes == "auto" else list(sizes), "repeats": repeats, "cache": cache,
-        "compile": compile, "device": str(device), "dtype": str(next(loaded[0][1].parameters()).dtype).replace("torch.", ""),
-        "seed": seed, "memory": "torch.cuda.max_memory_allocated" if meter.cuda else "torch.profiler CPU allocations",
+        "batch_sizes": sizes if sizes == "auto" else list(sizes), "repeats": repeats, **where,
+        "dtype": model_dtype, "seed": seed,
         "threads": torch.get_num_threads(), "threads_source": threads.source, "threads_reason": threads.reason,
-        "gpu": torch.cuda.get_device_name(device) if meter.cuda else None,
+        "gpu": torch.cuda.get_device_name(where["device"]) if where["device"].startswith("cuda") else None,
         "cpu": platform.processor() or platform.machine(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
-    result = ServeCost(tuple(results), settings)
+    result = ServeCost(tuple(results), settings, engine=engine, engine_version=version)
     if out is not None:
         result.write(out)
     return result

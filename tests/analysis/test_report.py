@@ -431,7 +431,8 @@ def test_the_serving_section_shows_table_10(runs, tmp_path):
                             peak_memory_bytes=1.5e9, memory_growth_per_token=passes * 1024)
 
     served = ServeCost((side("unlooped", None, 24, 20.6, 6842, 693), side("looped", "0:8x2", 32, 25.3, 5286, 710)),
-                       {"device": "cuda", "gpu": "H100", "dtype": "bfloat16", "cache": "static"})
+                       {"device": "cuda", "gpu": "H100", "dtype": "bfloat16", "cache": "paged"}, engine="vllm",
+                       engine_version="0.32.0")
     served.write(tmp_path / "serve")
     with pytest.warns(UserWarning):
         data = build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), n_resamples=300,
@@ -440,7 +441,7 @@ def test_the_serving_section_shows_table_10(runs, tmp_path):
     assert (round(row["latency"], 2), round(row["throughput"], 2), row["multiplier"]) == (1.23, 0.77, 32 / 24)
     html = write_report(data, tmp_path / "r.html").read_text()
     table = html[html.index('id="table-serving"'):]
-    for text in ("20.60 → 25.30", "<b>1.23</b>", "6,842 → 5,286", "<b>0.77</b>", "693 → 710", "1.50 → 1.50", "H100"):
+    for text in ("20.60 → 25.30", "<b>1.23</b>", "6,842 → 5,286", "<b>0.77</b>", "693 → 710", "1.50 → 1.50", "H100", "vllm 0.32.0"):
         assert text in table[:table.index("</table>")]
     with pytest.raises(ValueError, match="no serve_cost.json"):
         build_report(_pick(runs, "twin_"), _pick(runs, "looped_"), serve_cost=[tmp_path])

@@ -242,3 +242,38 @@ def test_a_study_runs_on_the_engine_and_its_results_are_recognised(workdir, tmp_
         assert trace.header.decoding.engine == "vllm" and (trace.header.loop is None) == name.startswith("twin")
     again = run_study(path, report=False, progress=False)
     assert set(again.outcomes.values()) == {"skipped: done"}
+
+
+def test_serve_cost_on_the_engine_allocates_the_kv_cache_loop_cost_counts(workdir, tmp_path):
+    """serve-cost --engine vllm on a tiny looped Llama: both engines measured, and the KV bytes
+    per token vLLM allocates equal a hand count of the call sites that attend."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from loopeval.engines.vllm_engine import engine_version
+    from loopeval.evaluation.serving import read_serve_cost, serve_cost
+
+    result = serve_cost(workdir / "base", loop="1:3x2", engine="vllm", prompt_tokens=16, new_tokens=8,
+                        batch_sizes=[1, 2], repeats=1, out=tmp_path, progress=False)
+    base, looped = result.models
+    config = AutoConfig.from_pretrained(workdir / "base")
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_site = 2 * config.num_key_value_heads * head_dim * 4  # K and V, float32
+    # 4 layers attend once; the loop 1:3x2 calls layers 1 and 2 a second time
+    assert (base.engine_kv_bytes_per_token, looped.engine_kv_bytes_per_token) == (4 * per_site, 6 * per_site)
+    assert (base.kv_bytes_per_token, looped.kv_bytes_per_token) == (4 * per_site, 6 * per_site)
+    ratios = result.ratios()
+    assert ratios["kv_bytes_per_token"] == looped.engine_kv_bytes_per_token / base.engine_kv_bytes_per_token == 1.5
+    assert ratios["multiplier"] == 1.5
+    for m in (base, looped):
+        assert m.peak_memory_bytes == m.weight_bytes + 24 * m.engine_kv_bytes_per_token
+        assert m.memory_growth_per_token is None and m.latency_s.median > 0 and m.prefill_s.median > 0
+        assert sorted(m.throughput) == [1, 2] and m.max_batch == 2
+    hf = AutoModelForCausalLM.from_pretrained(workdir / "base", dtype="float32")
+    tensors = [*hf.parameters(), *hf.buffers()]
+    # the weights at float32 (rotary buffers included), shared by the loop's call sites
+    assert base.weight_bytes == looped.weight_bytes == 4 * sum(t.numel() for t in tensors)
+    assert (result.engine, result.engine_version) == ("vllm", engine_version())
+    assert result.settings["engine_args"] == {"distributed_executor_backend": "uni", "enable_prefix_caching": False,
+                                              "enforce_eager": True}
+    assert read_serve_cost(tmp_path) == result
+    assert result.to_text().startswith(f"vllm {engine_version()}, cpu, float32")

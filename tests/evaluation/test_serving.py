@@ -108,7 +108,7 @@ def test_compiled_decoding_equals_eager():
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_serve_cost_measures_the_kv_cache_it_predicts(cache, tmp_path):
-    from loopeval.evaluation.serving import read_serve_cost, serve_cost
+    from loopeval.evaluation.serving import ServeCost, read_serve_cost, serve_cost
 
     model = tiny_model("qwen3")
     result = serve_cost(model, loop="1:4x2", prompt_tokens=8, new_tokens=5, batch_sizes=[1, 2], repeats=1,
@@ -130,6 +130,14 @@ def test_serve_cost_measures_the_kv_cache_it_predicts(cache, tmp_path):
     assert ratios["flop_multiplier"] == pytest.approx(
         loop_cost(model, "1:4x2").generation_flops(8, 5) / loop_cost(model, None).generation_flops(8, 5))
     assert read_serve_cost(tmp_path) == result
+    import transformers
+
+    assert (result.engine, result.engine_version) == ("hf", transformers.__version__)
+    old = json.loads((tmp_path / "serve_cost.json").read_text())  # as written before the engine was recorded
+    del old["engine"], old["engine_version"]
+    for m in old["models"]:
+        del m["engine_kv_bytes_per_token"]
+    assert ServeCost.from_dict(old) == result
     assert "c = 1.500" in result.to_text()
     assert loop_config(model) is None  # the given model is the unlooped side, untouched
 
@@ -183,6 +191,42 @@ def test_bad_input_is_refused_before_any_work(options, message, monkeypatch):
     kwargs = {"loop": "1:4x2", "prompt_tokens": 8, "new_tokens": 4, **options}
     with pytest.raises(ValueError, match=message):
         serving.serve_cost(tiny_model("qwen3"), progress=False, **kwargs)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"cache": "static"}, r"--engine vllm: --cache static set transformers' generate and mean nothing on vLLM"),
+    ({"cache": "static", "compile": True}, r"--engine vllm: --cache static, --compile set transformers' generate"),
+    ({"device": "cpu"}, r"--engine vllm: --device cpu set transformers' generate"),
+    ({"batch_sizes": "auto"}, r"--engine vllm needs explicit --batch-sizes"),
+    ({"engine_args": {"enable_prefix_caching": True}}, r"engine_args enable_prefix_caching: serve-cost fixes them"),
+    ({"engine": "sglang"}, r"engine 'sglang': choose one of hf, vllm"),
+    ({"engine": "hf", "engine_args": {"enforce_eager": True}}, r"engine_args are vLLM's LLM keywords"),
+])
+def test_the_engine_refuses_what_it_cannot_measure_before_any_work(options, message, tmp_path, monkeypatch):
+    """Options of transformers' generate, auto batches and fixed settings are refused on the
+    engine before vLLM is imported or any model loads (this environment has no vLLM)."""
+    from loopeval.evaluation import serving
+
+    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
+    kwargs = {"loop": "1:4x2", "prompt_tokens": 8, "new_tokens": 4, "batch_sizes": [1], "engine": "vllm", **options}
+    with pytest.raises(ValueError, match=message):
+        serving.serve_cost(str(tmp_path), progress=False, **kwargs)
+    with pytest.raises(ValueError, match=r"--engine vllm loads checkpoint folders, not a Qwen3ForCausalLM object"):
+        serving.serve_cost(tiny_model("qwen3"), loop="1:4x2", batch_sizes=[1], engine="vllm", progress=False)
+
+
+def test_a_missing_vllm_is_refused_with_the_install_line(tmp_path, monkeypatch):
+    from loopeval.engines import vllm_engine
+    from loopeval.evaluation import serving
+
+    def missing():
+        raise ImportError(vllm_engine.INSTALL)
+
+    monkeypatch.setattr(vllm_engine, "engine_version", missing)
+    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before vLLM was found"))
+    with pytest.raises(ValueError) as refused:
+        serving.serve_cost(str(tmp_path), loop="1:4x2", batch_sizes=[1], engine="vllm", progress=False)
+    assert str(refused.value) == f"--engine vllm: {vllm_engine.INSTALL}"
 
 
 def test_compile_without_a_working_backend_is_explained(monkeypatch):

@@ -9,7 +9,7 @@ from loopeval.evaluation.serving import read_serve_cost
 
 
 def section(folders: list[str | Path]) -> list[dict]:
-    """One row per candidate of each ``serve_cost.json``: unlooped -> looped latency,
+    """One row per candidate of each ``serve_cost.json``: the engine that measured it, unlooped -> looped latency,
     throughput (each at its own batch), batch and peak memory, the ratios, c and the FLOP
     multiplier. Read before any other work, so a bad folder fails first."""
     rows = []
@@ -19,6 +19,7 @@ def section(folders: list[str | Path]) -> list[dict]:
         for i, b in enumerate(result.models[1:], 1):
             rows.append({
                 "folder": str(folder), "baseline": a.name, "candidate": b.name, "loop": b.loop,
+                "engine": result.engine, "engine_version": result.engine_version,
                 "where": f"{s.get('gpu') or s.get('device')}, {s.get('dtype')}, {s.get('cache')} cache"
                          + (", compiled" if s.get("compile") else ""),
                 "latency_ms": (1e3 * a.latency_s.median, 1e3 * b.latency_s.median),

@@ -1,0 +1,87 @@
+"""``serve_cost`` on vLLM: one ``LLM`` per model, timed generations of fixed length, and the
+KV cache as vLLM allocates it.
+
+Each model gets its own in-process ``LLM`` (``distributed_executor_backend="uni"``,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` from :data:`loopeval.engines.vllm_engine.ENV_DEFAULTS`),
+looped by :func:`loopeval.engines.vllm_models.engine_overrides` as the lm-eval adapter
+loops it, with prefix caching **off**: every repeat sends the same prompt ids, so a prefix
+cache would serve the repeats' prompts from its blocks and time no prefill; and eager
+(:data:`FIXED`). Each row
+generates exactly ``new_tokens`` tokens (``min_tokens = max_tokens``, ``ignore_eos``),
+greedily, on the seeded random prompt ids the HF path uses.
+"""
+
+from __future__ import annotations
+
+from loopeval.engines.vllm_engine import configure_environment
+from loopeval.evaluation.serving import Clock
+
+FIXED = {"distributed_executor_backend": "uni", "enable_prefix_caching": False, "enforce_eager": True}
+"""``LLM`` settings serve-cost measures with; ``engine_args`` cannot change them. Eager: vLLM
+compiles (and on GPUs graphs) the base class's decoder model, whose forward the looped
+classes replace with the loop's, so compiled the two sides would not run alike (measured on
+SmolLM2, 14:16x2 at c = 1.067: latency x1.32 to x1.42 compiled)."""
+
+
+def engine(path, *, loop, dtype: str, max_model_len: int, seed: int, engine_args: dict):
+    """vLLM's ``LLM`` for the checkpoint at ``path``, looped by ``loop`` (a ``LoopConfig``, or
+    ``None`` for the checkpoint as it is), at ``dtype``, with :data:`FIXED` and ``engine_args``."""
+    from transformers import AutoConfig
+
+    from loopeval.engines.vllm_models import engine_overrides, register
+
+    configure_environment()
+    register()
+    from vllm import LLM
+
+    overrides = None
+    if loop is not None:
+        overrides = engine_overrides((AutoConfig.from_pretrained(path).architectures or ["?"])[0], loop)
+    return LLM(str(path), dtype=dtype, hf_overrides=overrides, max_model_len=max_model_len, seed=seed,
+               **FIXED, **engine_args)
+
+
+def kv_cache_config(llm):
+    """The ``KVCacheConfig`` vLLM allocated the paged KV cache by (the in-process engine core's
+    scheduler holds it)."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    if core is None:
+        raise ValueError("serve-cost on vLLM reads the KV cache from the in-process engine core: unset "
+                         "VLLM_ENABLE_V1_MULTIPROCESSING (loopeval sets it to 0)")
+    return core.scheduler.kv_cache_config
+
+
+def kv_bytes_per_token(llm) -> int:
+    """KV cache bytes per token as vLLM allocates them: over its KV cache groups, the group's
+    layers (every ``Attention``, the loop's call sites included) times the page size in bytes
+    over the page's tokens (block size)."""
+    return sum(len(g.layer_names) * g.kv_cache_spec.page_size_bytes // g.kv_cache_spec.block_size
+               for g in kv_cache_config(llm).kv_cache_groups)
+
+
+class Meter(Clock):
+    """Times ``LLM.generate`` of exactly ``new_tokens`` tokens per row on the shared prompt ids."""
+
+    def generate(self, llm, batch: int, new_tokens: int):
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True, temperature=0.0,
+                                detokenize=False)
+        prompts = [TokensPrompt(prompt_token_ids=row) for row in self.prompt(batch).tolist()]
+        out = llm.generate(prompts, params, use_tqdm=False)
+        if self.bar is not None:
+            self.bar.update(batch * new_tokens)
+        return out
+
+    def generated(self, out) -> int:
+        counts = {len(o.outputs[0].token_ids) for o in out}
+        if len(counts) != 1:
+            raise RuntimeError(f"vLLM generated rows of {sorted(counts)} tokens, not all the same")
+        return counts.pop()
+
+
+def device_type() -> str:
+    """The device vLLM runs on (``cpu``, ``cuda``...)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.device_type
