@@ -1,13 +1,17 @@
 """Looped variants of vLLM's own model classes: exact loops on vLLM's paged KV cache.
 
 A looped model is the base class (``LlamaForCausalLM``, ``MistralForCausalLM``,
-``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``) with the decoder forward replaced by the
-loop's call sites (:meth:`loopeval.core.spec.LoopSpec.call_sites`, the one schedule of a
-loop). Every extra call site that attends gets its own vLLM ``Attention`` named
-``model.loop_sites.<slot>.attn`` (one integer, its cache slot), so vLLM allocates, counts
-and prefix-caches its own paged KV cache, as the HF path gives it its own cache slot; the
-site shares the layer's projections, norms and MLP. The operators are
-:func:`loopeval.core.loop.window_outputs`, the HF path's own.
+``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``Gemma3ForCausalLM``) with the decoder forward
+replaced by the loop's call sites (:meth:`loopeval.core.spec.LoopSpec.call_sites`, the one
+schedule of a loop). Every extra call site that attends gets its own vLLM ``Attention`` named
+``model.loop_sites.<slot>.attn`` (one integer, its cache slot), built like the layer's own
+(its scale, sliding window, logits soft cap and type: a Gemma 3 sliding layer's sites slide),
+so vLLM allocates, counts and prefix-caches its own paged KV cache, as the HF path gives it
+its own cache slot; the site shares the layer's projections, norms, rotary embedding and MLP.
+A pass re-applies a layer's residual branches as :data:`BASES` names their norms. The
+operators are :func:`loopeval.core.loop.window_outputs`, the HF path's own, and sub-layer
+windows run where the HF path runs them (:func:`loopeval.core.loop.check_sub_layer_support`:
+not on Gemma 3).
 
 vLLM runs the registered ``Looped<Base>`` architecture when the engine passes
 ``hf_overrides={"architectures": [...], "loopeval_loop": LoopConfig.to_dict()}``
@@ -23,17 +27,28 @@ import copy
 import torch
 from torch import nn
 
-from loopeval.core.loop import window_outputs
+from loopeval.core.loop import check_sub_layer_support, window_outputs
 from loopeval.core.spec import LoopConfig
 
+PRE_NORM = (("input_layernorm", None), ("post_attention_layernorm", None))
+"""Llama's decoder layer, ``h + self_attn(input_layernorm(h))`` then ``h + mlp(post_attention_layernorm(h))``,
+as the norms before and after each residual branch (attention, MLP)."""
+
+SANDWICH_NORM = (("input_layernorm", "post_attention_layernorm"),
+                 ("pre_feedforward_layernorm", "post_feedforward_layernorm"))
+"""Gemma 3's, ``h + post_attention_layernorm(self_attn(input_layernorm(h)))`` then
+``h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``."""
+
 BASES = {
-    "LlamaForCausalLM": "vllm.model_executor.models.llama",
-    "MistralForCausalLM": "vllm.model_executor.models.mistral",
-    "Qwen2ForCausalLM": "vllm.model_executor.models.qwen2",
-    "Qwen3ForCausalLM": "vllm.model_executor.models.qwen3",
+    "LlamaForCausalLM": ("vllm.model_executor.models.llama", PRE_NORM),
+    "MistralForCausalLM": ("vllm.model_executor.models.mistral", PRE_NORM),
+    "Qwen2ForCausalLM": ("vllm.model_executor.models.qwen2", PRE_NORM),
+    "Qwen3ForCausalLM": ("vllm.model_executor.models.qwen3", PRE_NORM),
+    "Gemma3ForCausalLM": ("vllm.model_executor.models.gemma3", SANDWICH_NORM),
 }
-"""The vLLM classes with a looped variant: pre-norm decoder layers whose forward is
-``h + self_attn(input_layernorm(h))`` then ``h + mlp(post_attention_layernorm(h))``."""
+"""The vLLM classes with a looped variant: their module, and their decoder layers' norms
+(:data:`PRE_NORM`, :data:`SANDWICH_NORM`). The embedding (Gemma 3's scaled by sqrt(hidden))
+is the model's own ``embed_input_ids``, the final norm and logits (Gemma 3's soft cap) its own."""
 
 PREFIX = "Looped"
 CONFIG_KEY = "loopeval_loop"
@@ -44,7 +59,7 @@ def looped_architecture(architecture: str) -> str:
     if architecture not in BASES:
         raise ValueError(
             f"the vLLM engine has no looped variant of {architecture}; it loops {', '.join(BASES)} "
-            "(Gemma 3, Qwen3.5 and Qwen3-Next with Gated DeltaNet, and exit gates run on the HF path: drop engine=vllm)")
+            "(Qwen3.5 and Qwen3-Next with Gated DeltaNet, and exit gates run on the HF path: drop engine=vllm)")
     return PREFIX + architecture
 
 
@@ -66,14 +81,22 @@ class _LoopSites(nn.Module):
 
 
 def _site_attention(layer: nn.Module, slot: int, prefix: str, cache_config) -> tuple[nn.Module, nn.Module]:
-    """A new ``Attention`` for ``slot`` like ``layer``'s, and a shallow copy of ``layer.self_attn``
-    that calls it (same projection and norm modules, so the same weights)."""
+    """A new ``Attention`` for ``slot`` built like ``layer``'s (every argument that changes its
+    outputs), and a shallow copy of ``layer.self_attn`` that calls it (same projection, norm and
+    rotary modules, so the same weights and positions)."""
     from vllm.model_executor.layers.attention import Attention
 
     own = layer.self_attn.attn
+    if type(own) is not Attention or own.has_sink or own.impl.alibi_slopes is not None \
+            or own.kv_sharing_target_layer_name is not None:
+        raise ValueError(f"{own.layer_name} ({type(own).__name__}): the engine loops plain attention, "
+                         "without ALiBi, sinks or a KV cache shared with another layer")
     attn = Attention(own.num_heads, own.head_size, own.impl.scale, num_kv_heads=own.num_kv_heads,
                      cache_config=cache_config, quant_config=own.quant_config,
-                     per_layer_sliding_window=own.sliding_window, prefix=f"{prefix}.loop_sites.{slot}.attn")
+                     logits_soft_cap=own.impl.logits_soft_cap, per_layer_sliding_window=own.sliding_window,
+                     attn_type=own.attn_type, head_size_v=own.head_size_v,
+                     mm_prefix_clamp_sliding_window=own.mm_prefix_clamp_sliding_window,
+                     prefix=f"{prefix}.loop_sites.{slot}.attn")
     site = copy.copy(layer.self_attn)
     site._modules = dict(layer.self_attn._modules, attn=attn)
     return attn, site
@@ -82,22 +105,26 @@ def _site_attention(layer: nn.Module, slot: int, prefix: str, cache_config) -> t
 class _Loop:
     """The looped decoder forward of one vLLM decoder model (``model``: its ``.layers``)."""
 
-    def __init__(self, model: nn.Module, config: LoopConfig, vllm_config, prefix: str):
+    def __init__(self, model: nn.Module, norms: tuple, config: LoopConfig, vllm_config, prefix: str):
         from vllm.distributed import get_pp_group
 
         if get_pp_group().world_size > 1:
             raise ValueError("the vLLM engine's looped models do not support pipeline parallelism; "
                              "use tensor_parallel_size or data_parallel_size")
         self.model = model
+        self.norms = norms
         self.config = config
         layers = model.layers
         self.num_layers = len(layers)
+        names = ("self_attn", "mlp", *(n for branch in norms for n in branch if n is not None))
         for j, layer in enumerate(layers):
-            if not all(hasattr(layer, a) for a in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")):
-                raise ValueError(f"layer {j} ({type(layer).__name__}) is not a pre-norm decoder layer the engine can loop")
+            if not all(hasattr(layer, a) for a in names):
+                raise ValueError(f"layer {j} ({type(layer).__name__}) lacks one of {', '.join(names)}: "
+                                 "not a decoder layer the engine can loop")
         spec = config.spec.validate(self.num_layers)
+        check_sub_layer_support(layers, spec)  # vLLM's decoder layers have transformers' class names
         self.windows = [w for w in spec.windows if w.times > 1]
-        self.sites = {}  # (layer, pass) -> the self_attn copy holding that call site's Attention
+        self.sites = {}  # (layer, pass, kind) -> the self_attn copy holding that call site's Attention
         holder = _LoopSites()
         for s in spec.call_sites(self.num_layers):
             if s.pass_index > 1 and s.slot is not None:
@@ -109,13 +136,14 @@ class _Loop:
 
     def _pass(self, window, positions: torch.Tensor, h: torch.Tensor, t: int) -> torch.Tensor:
         """Pass ``t >= 2`` of ``window`` on the whole hidden state ``h`` (the residual stream)."""
+        (attn_in, attn_out), (mlp_in, mlp_out) = self.norms
         for j in range(window.start, window.end):
             layer = self.model.layers[j]
             if window.kind != "mlp":
-                x = layer.input_layernorm(h)
-                h = h + self.sites[(j, t, window.kind)](positions=positions, hidden_states=x)
+                x = self.sites[(j, t, window.kind)](positions=positions, hidden_states=getattr(layer, attn_in)(h))
+                h = h + _norm(layer, attn_out, x)
             if window.kind != "attn":
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
+                h = h + _norm(layer, mlp_out, layer.mlp(getattr(layer, mlp_in)(h)))
         return h
 
     def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
@@ -144,6 +172,11 @@ class _Loop:
         return hidden
 
 
+def _norm(layer: nn.Module, name: str | None, x: torch.Tensor) -> torch.Tensor:
+    """``layer.<name>(x)``, or ``x`` where the branch has no norm there (``name`` None)."""
+    return x if name is None else getattr(layer, name)(x)
+
+
 def _whole(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
     """The residual stream of vLLM's fused ``(hidden, residual)`` pair, as a new tensor (vLLM's
     fused norms update their inputs in place)."""
@@ -153,7 +186,8 @@ def _whole(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
 def _looped_class(name: str) -> type:
     import importlib
 
-    base = getattr(importlib.import_module(BASES[name]), name)
+    module, norms = BASES[name]
+    base = getattr(importlib.import_module(module), name)
 
     def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
         base.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)
@@ -161,7 +195,7 @@ def _looped_class(name: str) -> type:
         if stored is None:
             raise ValueError(f"{PREFIX}{name} needs hf_overrides[{CONFIG_KEY!r}] (loopeval.engines.vllm_models.engine_overrides)")
         model_prefix = f"{prefix}.model" if prefix else "model"
-        self.loop = _Loop(self.model, LoopConfig.from_dict(dict(stored)), vllm_config, model_prefix)
+        self.loop = _Loop(self.model, norms, LoopConfig.from_dict(dict(stored)), vllm_config, model_prefix)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         return self.loop.forward(input_ids, positions, inputs_embeds)

@@ -134,6 +134,48 @@ def test_every_looped_architecture_equals_the_hf_path(tmp_path, arch):
 
 
 @pytest.mark.parametrize("loop", [
+    dict(spec="1:3x3", operator="repeat"),
+    dict(spec="0:2x2+2:4x3", operator="damped", beta=0.5, mix=0.3, mix_source="embedding"),
+], ids=["repeat", "damped-mix"])
+def test_looped_gemma3_equals_the_hf_path(tmp_path, monkeypatch, loop):
+    """Gemma 3 (sliding window 4, layer 2 global) past its window: a loop over a sliding and the
+    global layer (repeat), and damped windows mixing in the scaled embedding, vLLM against
+    apply_loop's HF model; its sub-layer windows are refused, as the HF path refuses them."""
+    import torch
+
+    from loopeval import apply_loop, save_model
+    from loopeval.core.spec import LoopConfig
+    from loopeval.engines.vllm_models import engine_overrides, register
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("gemma3", vocab_size=len(tokenizer), num_layers=4, hidden=128)  # head size 32
+    assert model.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    save_model(model, tokenizer, tmp_path / "gemma3")
+    loop = LoopConfig(**loop)
+    register()
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    prompts = [tokenizer(q).input_ids for q in QUESTIONS]
+    assert min(map(len, prompts)) > model.config.sliding_window
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in this process, for apply_model
+    llm = LLM(str(tmp_path / "gemma3"), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+              max_model_len=256, enable_prefix_caching=True, hf_overrides=engine_overrides("Gemma3ForCausalLM", loop))
+    (windows,) = llm.apply_model(lambda m: {j: site.attn.sliding_window for (j, _, _), site in m.loop.sites.items()})
+    assert windows == {j: 4 if j != 2 else None for j in range(loop.spec.windows[0].start, loop.spec.windows[-1].end)}
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    del llm
+    gc.collect()
+    apply_loop(model, loop)
+    for prompt, out in zip(prompts, outputs):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+        tokens = list(out.outputs[0].token_ids)  # to the end-of-sequence token, where HF pads
+        assert tokens == hf[:len(tokens)] and (len(tokens) == 24 or tokens[-1] == model.config.eos_token_id)
+
+
+@pytest.mark.parametrize("loop", [
     dict(loop="1:3x2", loop_operator="repeat"),
     dict(loop="1:3x2", loop_operator="damped"),
     # sub-layer windows, one nested in a whole-layer window, and input mixing from the embedding
@@ -180,9 +222,12 @@ def test_refusals_name_the_arg(workdir, tmp_path):
     with pytest.raises(ValueError, match="carries an exit gate .* does not run exit gates"):
         _engine(gated)
     tokenizer = tiny_tokenizer()
+    save_model(tiny_model("qwen3_5", vocab_size=len(tokenizer), num_layers=4, hidden=128), tokenizer, tmp_path / "q")
+    with pytest.raises(ValueError, match="no looped variant of Qwen3_5ForCausalLM"):
+        _engine(tmp_path / "q", loop="0:2x2")
     save_model(tiny_model("gemma3", vocab_size=len(tokenizer), num_layers=3, hidden=128), tokenizer, tmp_path / "g")
-    with pytest.raises(ValueError, match="no looped variant of Gemma3ForCausalLM"):
-        _engine(tmp_path / "g", loop="0:2x2")
+    with pytest.raises(ValueError, match="re-applies only the mlp block of layer 1, a Gemma3DecoderLayer"):
+        _engine(tmp_path / "g", loop="1:3x2/mlp")
 
 
 def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
@@ -214,6 +259,46 @@ def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
     a, b = _samples(engine, "gsm8k_nll"), _samples(hf, "gsm8k_nll")
     for doc in b:  # a sum over ~150 float32 log-probabilities: 1e-4 absolute at -90 (1e-6 relative)
         assert a[doc][0][0] == pytest.approx(b[doc][0][0], rel=2e-6, abs=1e-4)
+
+
+def test_gemma3_270m_looped_on_the_engine_gives_the_hf_paths_tokens(monkeypatch):
+    """Real weights: a damped loop over sliding layer 4, global layer 5 and sliding layer 6, on
+    GSM8K questions and on a prompt past the 512-token window; the engine's greedy tokens are
+    apply_loop's."""
+    import torch
+
+    from loopeval import apply_loop, load_model
+    from loopeval.core.spec import LoopConfig
+    from loopeval.engines.vllm_models import engine_overrides, register
+    from real.conftest import GSM8K_8, _absent, _gemma3_file, imported
+
+    gguf = _gemma3_file()
+    if gguf is None or not gguf.is_file():
+        _absent(f"Gemma 3 270M GGUF not found ({gguf}; set LOOPEVAL_GEMMA3_GGUF)")
+    path = imported(gguf)
+    model, tokenizer = load_model(path)
+    assert model.config.sliding_window == 512 and model.config.layer_types[4:7] == [
+        "sliding_attention", "full_attention", "sliding_attention"]
+    questions = [json.loads(line)["question"] for line in GSM8K_8.read_text().splitlines()]
+    prompts = [tokenizer(q).input_ids for q in questions[:3]] + [tokenizer(" ".join(questions) * 3).input_ids[:530]]
+    assert len(prompts[-1]) == 530
+    loop = LoopConfig("4:7x2", operator="damped", beta=0.5)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: faster on 2 cores (docs/engine.md)
+    register()
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    llm = LLM(str(path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni", max_model_len=1024,
+              enable_prefix_caching=True, hf_overrides=engine_overrides("Gemma3ForCausalLM", loop))
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+    del llm
+    gc.collect()
+    apply_loop(model, loop)
+    for prompt, out in zip(prompts, outputs):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
+        tokens = list(out.outputs[0].token_ids)
+        assert tokens == hf[:len(tokens)] and (len(tokens) == 16 or out.outputs[0].finish_reason == "stop")
 
 
 def test_a_study_runs_on_the_engine_and_its_results_are_recognised(workdir, tmp_path):
