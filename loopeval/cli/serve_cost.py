@@ -43,11 +43,13 @@ def _batch_sizes(text: str):
 
 def run(args) -> int:
     from loopeval.common.outputs import check_outputs
-    from loopeval.evaluation.serving import serve_cost
+    from loopeval.engines import vllm_serving
+    from loopeval.evaluation import serving
 
     check_outputs({"--out": args.out}, args.model)
+    serve_cost = vllm_serving.serve_cost if args.engine == "vllm" else serving.serve_cost
     result = serve_cost(args.model, loop=args.loop, **loop_options(args), prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
-                        batch_sizes=args.batch_sizes, repeats=args.repeats, engine=args.engine, compile=args.compile,
+                        batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile,
                         cache=args.cache, device=args.device, dtype=args.dtype, out=args.out)
     print(result.to_text())
     print(f"wrote {args.out}/serve_cost.json")

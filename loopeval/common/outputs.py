@@ -10,6 +10,7 @@ is taken over only when its holder is provably gone.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -210,12 +211,11 @@ def aside(folder: str | Path, stem: str | None = None) -> Path:
     base = Path(folder) / ".replaced"
     base.mkdir(parents=True, exist_ok=True)
     name = ".".join(filter(None, (stem, time.strftime("%Y%m%dT%H%M%S"))))
-    for n in range(1, 10_000):
+    for n in itertools.count(1):
         candidate = base / (name if n == 1 else f"{name}-{n}")
         with contextlib.suppress(FileExistsError):
             candidate.mkdir()
             return candidate
-    raise FileExistsError(f"{base}: no free name for {name}")
 
 
 def record_written(folder: str | Path, name: str) -> None:

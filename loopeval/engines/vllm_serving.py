@@ -1,5 +1,6 @@
 """``serve_cost`` on vLLM: one ``LLM`` per model, timed generations of fixed length, and the
-KV cache as vLLM allocates it.
+KV cache as vLLM allocates it. :func:`serve_cost` is
+:func:`loopeval.evaluation.serving.serve_cost` with a :class:`VLLMServing` engine.
 
 Each model gets its own in-process ``LLM`` (``distributed_executor_backend="uni"``,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` from :data:`loopeval.engines.vllm_engine.ENV_DEFAULTS`),
@@ -13,7 +14,10 @@ greedily, on the seeded random prompt ids the HF path uses.
 
 from __future__ import annotations
 
-from loopeval.engines.vllm_engine import configure_environment
+import os
+
+from loopeval.engines.vllm_engine import INSTALL, configure_environment, engine_version
+from loopeval.evaluation import serving
 from loopeval.evaluation.serving import Clock
 
 FIXED = {"distributed_executor_backend": "uni", "enable_prefix_caching": False, "enforce_eager": True}
@@ -21,6 +25,65 @@ FIXED = {"distributed_executor_backend": "uni", "enable_prefix_caching": False, 
 compiles (and on GPUs graphs) the base class's decoder model, whose forward the looped
 classes replace with the loop's, so compiled the two sides would not run alike (measured on
 SmolLM2, 14:16x2 at c = 1.067: latency x1.32 to x1.42 compiled)."""
+
+
+def serve_cost(models, *, engine_args: dict | None = None, **kwargs) -> serving.ServeCost:
+    """:func:`loopeval.evaluation.serving.serve_cost` on vLLM; ``engine_args`` are further
+    ``LLM`` keywords (e.g. ``{"gpu_memory_utilization": 0.5}``) beside :data:`FIXED`."""
+    return serving.serve_cost(models, engine=VLLMServing(engine_args), **kwargs)
+
+
+class VLLMServing:
+    """The engine object :func:`loopeval.evaluation.serving.serve_cost` measures vLLM through."""
+
+    name = "vllm"
+
+    def __init__(self, engine_args: dict | None = None):
+        fixed = sorted(set(engine_args or {}) & set(FIXED))
+        if fixed:
+            raise ValueError(f"engine_args {', '.join(fixed)}: serve-cost fixes them ({FIXED}); drop them")
+        self.engine_args = dict(engine_args or {})
+
+    def check(self, sources, sizes, *, cache, compile, device) -> None:
+        """Refuse, before any model loads, what vLLM cannot measure: options of transformers'
+        ``generate``, ``auto`` batch sizes, model objects, and a missing vLLM."""
+        hf_only = [name for name, given in ((f"--cache {cache}", cache != "dynamic"), ("--compile", compile),
+                                            (f"--device {device}", device is not None)) if given]
+        if hf_only:
+            raise ValueError(f"--engine vllm: {', '.join(hf_only)} set transformers' generate and mean nothing on "
+                             "vLLM, which pages its own KV cache, compiles by its own settings and places itself on "
+                             "the GPUs CUDA_VISIBLE_DEVICES shows; drop them")
+        if sizes == "auto":
+            raise ValueError("--engine vllm needs explicit --batch-sizes (e.g. 1,8,64): auto searches by "
+                             "transformers' out-of-memory error and the HF path's throughput, not by vLLM's scheduler")
+        objects = [type(s).__name__ for s in sources if not isinstance(s, (str, os.PathLike))]
+        if objects:
+            raise ValueError(f"--engine vllm loads checkpoint folders, not a {objects[0]} object: save it first "
+                             "(loopeval.save_model)")
+        self.version()
+
+    def version(self) -> str:
+        try:
+            return engine_version()
+        except ImportError:
+            raise ValueError(f"--engine vllm: {INSTALL}") from None
+
+    def load(self, path, *, loop, dtype: str, max_model_len: int, seed: int):
+        return engine(path, loop=loop, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                      engine_args=self.engine_args)
+
+    def meter(self, vocab_size: int, prompt_tokens: int, seed: int) -> Meter:
+        return Meter("cpu", vocab_size, prompt_tokens, seed)
+
+    def kv_bytes_per_token(self, llm) -> int:
+        return kv_bytes_per_token(llm)
+
+    def settings(self, llm) -> dict:
+        """What the JSON's settings record of the engine."""
+        return {"cache": "paged", "compile": False, "device": device_type(),
+                "engine_args": {**FIXED, **self.engine_args},
+                "kv_block_size": kv_cache_config(llm).kv_cache_groups[0].kv_cache_spec.block_size,
+                "memory": "weights + vLLM's KV bytes per token x (prompt_tokens + new_tokens)"}
 
 
 def engine(path, *, loop, dtype: str, max_model_len: int, seed: int, engine_args: dict):

@@ -25,7 +25,7 @@ sides generate the same tokens):
 Timings synchronise CUDA before reading the clock. Times are medians over ``repeats``
 with their min and max.
 
-The same figures run on vLLM with ``engine="vllm"`` (:mod:`loopeval.engines.vllm_serving`):
+The same figures run on vLLM (:func:`loopeval.engines.vllm_serving.serve_cost`):
 both models' ``LLM`` alive in one process and measured alternately, prefix caching off, eager.
 vLLM preallocates its paged KV cache, so the peak above has no meaning there; memory is
 the KV cache bytes per token as vLLM allocates them (its KV cache spec: over the attention
@@ -60,7 +60,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ENGINES = ("hf", "vllm")
-"""What decodes: transformers' ``generate`` (the HF path) or vLLM (:mod:`loopeval.engines.vllm_serving`)."""
+"""What decodes: transformers' ``generate`` (the HF path) or vLLM (:mod:`loopeval.engines.vllm_serving`,
+a floor above this one, which passes its engine object to :func:`serve_cost`)."""
 CACHES = ("dynamic", "static")
 """Cache implementations: HF's default dynamic cache, or its preallocated ``StaticCache``."""
 
@@ -343,40 +344,18 @@ def _batch_sizes(value) -> tuple[int, ...] | str:
     return tuple(sorted(set(sizes)))
 
 
-def _check_engine(engine, sources, sizes, *, cache, compile, device, engine_args) -> dict:
-    """The engine's further ``LLM`` keywords; refuses, before any model loads, what ``engine``
-    cannot measure: options of transformers' ``generate`` on vLLM, ``auto`` batch sizes,
-    model objects and settings serve-cost fixes (prefix caching off), and a missing vLLM."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if engine == "hf":
-        if engine_args:
-            raise ValueError("engine_args are vLLM's LLM keywords: give engine='vllm' (--engine vllm) or drop them")
-        return {}
-    hf_only = [name for name, given in ((f"--cache {cache}", cache != "dynamic"), ("--compile", compile),
-                                        (f"--device {device}", device is not None)) if given]
-    if hf_only:
-        raise ValueError(f"--engine vllm: {', '.join(hf_only)} set transformers' generate and mean nothing on vLLM, "
-                         "which pages its own KV cache, compiles by its own settings and places itself on the GPUs "
-                         "CUDA_VISIBLE_DEVICES shows; drop them")
-    if sizes == "auto":
-        raise ValueError("--engine vllm needs explicit --batch-sizes (e.g. 1,8,64): auto searches by transformers' "
-                         "out-of-memory error and the HF path's throughput, not by vLLM's scheduler")
-    objects = [type(s).__name__ for s in sources if not isinstance(s, (str, os.PathLike))]
-    if objects:
-        raise ValueError(f"--engine vllm loads checkpoint folders, not a {objects[0]} object: save it first "
-                         "(loopeval.save_model)")
-    from loopeval.engines.vllm_engine import INSTALL, engine_version
-    from loopeval.engines.vllm_serving import FIXED
-
-    fixed = sorted(set(engine_args or {}) & set(FIXED))
-    if fixed:
-        raise ValueError(f"engine_args {', '.join(fixed)}: serve-cost fixes them ({FIXED}); drop them")
-    try:
-        engine_version()
-    except ImportError:
-        raise ValueError(f"--engine vllm: {INSTALL}") from None
-    return dict(engine_args or {})
+def _check_engine(engine, sources, sizes, *, cache, compile, device) -> None:
+    """Refuse, before any model loads, an ``engine`` that is neither ``None`` (the HF path) nor
+    an engine object, and what the engine cannot measure (its :meth:`check`)."""
+    if engine is None:
+        return
+    if isinstance(engine, str):
+        if engine == "hf":
+            return
+        hint = ("loopeval.engines.vllm_serving.serve_cost (or loopeval serve-cost --engine vllm)"
+                if engine == "vllm" else f"one of {', '.join(ENGINES)}")
+        raise ValueError(f"engine {engine!r}: the HF path is engine=None; for another engine use {hint}")
+    engine.check(sources, sizes, cache=cache, compile=compile, device=device)
 
 
 def _check_counts(prompt_tokens, new_tokens, repeats) -> None:
@@ -650,8 +629,8 @@ def _auto_batch(meter: _Meter, model, new_tokens: int, *, cache_bytes_per_row: i
 
 
 def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int = 256, batch_sizes="auto",
-               repeats: int = 5, engine: str = "hf", compile: bool = False, cache: str = "dynamic",
-               device: str | None = None, dtype: str | None = None, engine_args: dict | None = None, seed: int = 0,
+               repeats: int = 5, engine=None, compile: bool = False, cache: str = "dynamic",
+               device: str | None = None, dtype: str | None = None, seed: int = 0,
                out: str | Path | None = None, progress: bool = True, **loop_options) -> ServeCost:
     """Measure the serving cost of ``models`` side by side (module docstring).
 
@@ -667,7 +646,9 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     input is checked before any model loads or runs. With ``out``, writes
     ``out/serve_cost.json``.
 
-    ``engine="vllm"`` measures the same figures on vLLM (:mod:`loopeval.engines.vllm_serving`):
+    ``engine`` is ``None`` for the HF path, or an engine object from a floor above this one:
+    :class:`loopeval.engines.vllm_serving.VLLMServing` (through
+    :func:`loopeval.engines.vllm_serving.serve_cost`) measures the same figures on vLLM:
     every model's ``LLM`` alive in this process, timed in turn as above, with **prefix
     caching off** (the repeats send the same prompt ids, so a prefix cache would skip their
     prefill), eager. vLLM preallocates its paged KV cache, so there is no per-generation peak:
@@ -676,9 +657,7 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     size), next to ``loop_cost``'s ``kv_bytes_per_token``, and the memory at batch 1
     (``peak_memory_bytes``) is the weights plus that KV for one row of
     ``prompt_tokens + new_tokens``. It needs checkpoint folders and explicit ``batch_sizes``;
-    ``cache``, ``compile`` and ``device`` set transformers' ``generate`` and are refused;
-    ``engine_args`` are further ``LLM`` keywords (e.g. ``{"gpu_memory_utilization": 0.5}``), beside
-    :data:`loopeval.engines.vllm_serving.FIXED` (eager, prefix caching off).
+    ``cache``, ``compile`` and ``device`` set transformers' ``generate`` and are refused.
     """
     import torch
     import transformers
@@ -689,9 +668,9 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     _check_counts(prompt_tokens, new_tokens, repeats)
     sizes = _batch_sizes(batch_sizes)
     sources = list(models) if isinstance(models, (list, tuple)) else [models]
-    engine_args = _check_engine(engine, sources, sizes, cache=cache, compile=compile, device=device,
-                                engine_args=engine_args)
-    if engine == "hf":
+    _check_engine(engine, sources, sizes, cache=cache, compile=compile, device=device)
+    engine = None if engine == "hf" else engine
+    if engine is None:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         options = generation_options(cache, compile, device=device)
@@ -704,7 +683,7 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     from loopeval.common.threads import configure_threads
 
     threads = configure_threads()
-    loaded = _load(sources, loop, dtype, "cpu" if engine == "vllm" else device)
+    loaded = _load(sources, loop, dtype, device if engine is None else "cpu")
     names = [name for name, _, _ in loaded]
     loops = [loop_config(model) for _, model, _ in loaded]
     costs = [loop_cost(model, config.spec if config else None) for (_, model, _), config in zip(loaded, loops)]
@@ -713,14 +692,12 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     # the weights at the dtype measured (vLLM loads the same; its CPU backend repacks linear layers outside
     # the module's parameters, so they are counted here)
     weights = [sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()]) for _, m, _ in loaded]
-    if engine == "vllm":
-        from loopeval.engines import vllm_serving
-
+    if engine is not None:
         del loaded  # the engines hold their own weights
         paths = sources if len(sources) > 1 else sources * 2
-        timed = [vllm_serving.engine(path, loop=config, dtype=model_dtype, max_model_len=prompt_tokens + new_tokens,
-                                     seed=seed, engine_args=engine_args) for path, config in zip(paths, loops)]
-        meter = vllm_serving.Meter("cpu", vocab, prompt_tokens, seed)
+        timed = [engine.load(path, loop=config, dtype=model_dtype, max_model_len=prompt_tokens + new_tokens, seed=seed)
+                 for path, config in zip(paths, loops)]
+        meter = engine.meter(vocab, prompt_tokens, seed)
     else:
         tokenizer = loaded[0][2]
         pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), loaded[0][1].config.pad_token_id,
@@ -732,7 +709,7 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
 
     # the bar counts generated tokens: a generation's time grows with them, so the ETA holds
     per_model = None if sizes == "auto" else [list(sizes)] * len(timed)
-    memory_runs = 0 if engine == "vllm" else 1 + new_tokens  # the HF path weighs a batch-1 generation
+    memory_runs = 1 + new_tokens if engine is None else 0  # the HF path weighs a batch-1 generation
     meter.bar = tqdm(desc="serve-cost", unit="token", disable=not progress,
                      total=len(timed) * ((repeats + 1) * (1 + new_tokens) + memory_runs  # warm-up, repeats
                                          + sum((1 + repeats) * b * new_tokens for b in (per_model or [[]])[0])))
@@ -747,8 +724,8 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
             full = meter.seconds(model, 1, new_tokens)
             prefill[i].append(one)
             latency[i].append((full - one) / (new_tokens - 1))
-    if engine == "vllm":
-        engine_kv = [vllm_serving.kv_bytes_per_token(llm) for llm in timed]
+    if engine is not None:
+        engine_kv = [engine.kv_bytes_per_token(llm) for llm in timed]
         memory = [(kv * (prompt_tokens + new_tokens), None) for kv in engine_kv]
     else:
         engine_kv = [None] * len(timed)
@@ -788,16 +765,8 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
             peak_memory_bytes=weights[i] + memory[i][0], memory_growth_per_token=memory[i][1],
             engine_kv_bytes_per_token=engine_kv[i],
         ))
-    if engine == "vllm":
-        from loopeval.engines.vllm_engine import engine_version
-
-        version = engine_version()
-        kv_config = vllm_serving.kv_cache_config(timed[0])
-        where = {"cache": "paged", "compile": False,
-                 "device": vllm_serving.device_type(),
-                 "engine_args": {**vllm_serving.FIXED, **engine_args},
-                 "kv_block_size": kv_config.kv_cache_groups[0].kv_cache_spec.block_size,
-                 "memory": "weights + vLLM's KV bytes per token x (prompt_tokens + new_tokens)"}
+    if engine is not None:
+        version, where = engine.version(), engine.settings(timed[0])
     else:
         version = transformers.__version__
         where = {"cache": cache, "compile": compile, "device": str(device),
@@ -811,7 +780,8 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
         "cpu": platform.processor() or platform.machine(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
-    result = ServeCost(tuple(results), settings, engine=engine, engine_version=version)
+    result = ServeCost(tuple(results), settings, engine=engine.name if engine is not None else "hf",
+                       engine_version=version)
     if out is not None:
         result.write(out)
     return result

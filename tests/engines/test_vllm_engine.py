@@ -335,9 +335,10 @@ def test_serve_cost_on_the_engine_allocates_the_kv_cache_loop_cost_counts(workdi
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from loopeval.engines.vllm_engine import engine_version
-    from loopeval.evaluation.serving import read_serve_cost, serve_cost
+    from loopeval.engines.vllm_serving import serve_cost
+    from loopeval.evaluation.serving import read_serve_cost
 
-    result = serve_cost(workdir / "base", loop="1:3x2", engine="vllm", prompt_tokens=16, new_tokens=8,
+    result = serve_cost(workdir / "base", loop="1:3x2", prompt_tokens=16, new_tokens=8,
                         batch_sizes=[1, 2], repeats=1, out=tmp_path, progress=False)
     base, looped = result.models
     config = AutoConfig.from_pretrained(workdir / "base")

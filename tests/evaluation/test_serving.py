@@ -199,33 +199,43 @@ def test_bad_input_is_refused_before_any_work(options, message, monkeypatch):
     ({"device": "cpu"}, r"--engine vllm: --device cpu set transformers' generate"),
     ({"batch_sizes": "auto"}, r"--engine vllm needs explicit --batch-sizes"),
     ({"engine_args": {"enable_prefix_caching": True}}, r"engine_args enable_prefix_caching: serve-cost fixes them"),
-    ({"engine": "sglang"}, r"engine 'sglang': choose one of hf, vllm"),
-    ({"engine": "hf", "engine_args": {"enforce_eager": True}}, r"engine_args are vLLM's LLM keywords"),
 ])
 def test_the_engine_refuses_what_it_cannot_measure_before_any_work(options, message, tmp_path, monkeypatch):
     """Options of transformers' generate, auto batches and fixed settings are refused on the
     engine before vLLM is imported or any model loads (this environment has no vLLM)."""
+    from loopeval.engines import vllm_serving
     from loopeval.evaluation import serving
 
     monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
-    kwargs = {"loop": "1:4x2", "prompt_tokens": 8, "new_tokens": 4, "batch_sizes": [1], "engine": "vllm", **options}
+    kwargs = {"loop": "1:4x2", "prompt_tokens": 8, "new_tokens": 4, "batch_sizes": [1], **options}
     with pytest.raises(ValueError, match=message):
-        serving.serve_cost(str(tmp_path), progress=False, **kwargs)
+        vllm_serving.serve_cost(str(tmp_path), progress=False, **kwargs)
     with pytest.raises(ValueError, match=r"--engine vllm loads checkpoint folders, not a Qwen3ForCausalLM object"):
-        serving.serve_cost(tiny_model("qwen3"), loop="1:4x2", batch_sizes=[1], engine="vllm", progress=False)
+        vllm_serving.serve_cost(tiny_model("qwen3"), loop="1:4x2", batch_sizes=[1], progress=False)
+
+
+@pytest.mark.parametrize(("engine", "message"), [
+    ("vllm", r"engine 'vllm': the HF path is engine=None; for another engine use loopeval.engines.vllm_serving"),
+    ("sglang", r"engine 'sglang': the HF path is engine=None; for another engine use one of hf, vllm"),
+])
+def test_an_engine_by_name_is_refused_naming_where_it_lives(engine, message, tmp_path):
+    from loopeval.evaluation import serving
+
+    with pytest.raises(ValueError, match=message):
+        serving.serve_cost(str(tmp_path), loop="1:4x2", batch_sizes=[1], engine=engine, progress=False)
 
 
 def test_a_missing_vllm_is_refused_with_the_install_line(tmp_path, monkeypatch):
-    from loopeval.engines import vllm_engine
+    from loopeval.engines import vllm_engine, vllm_serving
     from loopeval.evaluation import serving
 
     def missing():
         raise ImportError(vllm_engine.INSTALL)
 
-    monkeypatch.setattr(vllm_engine, "engine_version", missing)
+    monkeypatch.setattr(vllm_serving, "engine_version", missing)
     monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before vLLM was found"))
     with pytest.raises(ValueError) as refused:
-        serving.serve_cost(str(tmp_path), loop="1:4x2", batch_sizes=[1], engine="vllm", progress=False)
+        vllm_serving.serve_cost(str(tmp_path), loop="1:4x2", batch_sizes=[1], progress=False)
     assert str(refused.value) == f"--engine vllm: {vllm_engine.INSTALL}"
 
 
