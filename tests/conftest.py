@@ -12,6 +12,12 @@ if _WORKERS > 1:
 import pytest  # noqa: E402
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked ``longest`` first: under xdist one worker runs them while the others take
+    the rest, instead of the whole run waiting for them at its end."""
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from loopeval.tools.tiny import tiny_tokenizer

@@ -19,6 +19,7 @@ ROOT = HERE.parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
                     reason="vLLM is in this environment: test_vllm_engine.py runs here directly")
 def test_the_engine_tests_pass_in_the_engine_environment():

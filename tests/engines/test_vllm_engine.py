@@ -98,54 +98,64 @@ def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
     assert tokens[0] == tokens[1]
 
 
+def _assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24, max_model_len=256, inspect=None):
+    """Greedy tokens of the checkpoint at ``path`` looped by ``loop`` in vLLM (prefix caching on)
+    equal those of ``model`` looped by ``apply_loop`` on the HF path, each to vLLM's end of
+    sequence; ``inspect`` runs on vLLM's model first (``LLM.apply_model``) and its result is returned."""
+    import torch
+    from transformers import AutoConfig
+
+    from loopeval import apply_loop
+    from loopeval.engines.vllm_engine import configure_environment
+    from loopeval.engines.vllm_models import engine_overrides, register
+
+    configure_environment()  # one process: faster on 2 cores, and apply_model reaches the model
+    register()
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    architecture = AutoConfig.from_pretrained(path).architectures[0]
+    llm = LLM(str(path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+              max_model_len=max_model_len, enable_prefix_caching=True, hf_overrides=engine_overrides(architecture, loop))
+    inspected = llm.apply_model(inspect)[0] if inspect is not None else None
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
+    del llm
+    gc.collect()
+    apply_loop(model, loop)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False)[0, len(prompt):]
+        tokens = list(out.outputs[0].token_ids)  # to the end-of-sequence token, where HF pads
+        assert tokens == hf.tolist()[:len(tokens)] and (len(tokens) == max_tokens or out.outputs[0].finish_reason == "stop")
+    return inspected
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
 def test_every_looped_architecture_equals_the_hf_path(tmp_path, arch):
     """Greedy tokens of a damped loop over a window and an /attn window, vLLM against apply_loop's
     HF model (Mistral: past its sliding window of 8, so the extra call sites slide too)."""
-    import torch
-    from transformers import AutoConfig
-
-    from loopeval import apply_loop, save_model
+    from loopeval import save_model
     from loopeval.core.spec import LoopConfig
-    from loopeval.engines.vllm_models import engine_overrides, register
     from loopeval.tools.tiny import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     model = tiny_model(arch, vocab_size=len(tokenizer), num_layers=4, hidden=128)
     save_model(model, tokenizer, tmp_path / arch)
     loop = LoopConfig("1:3x3+3:4x2/attn", operator="damped", beta=0.5)
-    register()
-    from vllm import LLM, SamplingParams, TokensPrompt
-
-    prompts = [tokenizer(q).input_ids for q in QUESTIONS]
-    architecture = AutoConfig.from_pretrained(tmp_path / arch).architectures[0]
-    llm = LLM(str(tmp_path / arch), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
-              max_model_len=256, enable_prefix_caching=True, hf_overrides=engine_overrides(architecture, loop))
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                           SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
-    del llm
-    gc.collect()
-    apply_loop(model, loop)
-    for prompt, out in zip(prompts, outputs):
-        with torch.no_grad():
-            hf = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
-        tokens = list(out.outputs[0].token_ids)  # to the end-of-sequence token, where HF pads
-        assert tokens == hf[:len(tokens)] and (len(tokens) == 24 or tokens[-1] == model.config.eos_token_id)
+    _assert_engine_tokens_equal_hf(tmp_path / arch, model, loop, [tokenizer(q).input_ids for q in QUESTIONS])
 
 
 @pytest.mark.parametrize("loop", [
     dict(spec="1:3x3", operator="repeat"),
     dict(spec="0:2x2+2:4x3", operator="damped", beta=0.5, mix=0.3, mix_source="embedding"),
 ], ids=["repeat", "damped-mix"])
-def test_looped_gemma3_equals_the_hf_path(tmp_path, monkeypatch, loop):
+def test_looped_gemma3_equals_the_hf_path(tmp_path, loop):
     """Gemma 3 (sliding window 4, layer 2 global) past its window: a loop over a sliding and the
     global layer (repeat), and damped windows mixing in the scaled embedding, vLLM against
-    apply_loop's HF model; its sub-layer windows are refused, as the HF path refuses them."""
-    import torch
-
-    from loopeval import apply_loop, save_model
+    apply_loop's HF model, each extra site sliding as its layer does (its sub-layer windows are
+    refused, as on the HF path: test_refusals_name_the_arg)."""
+    from loopeval import save_model
     from loopeval.core.spec import LoopConfig
-    from loopeval.engines.vllm_models import engine_overrides, register
     from loopeval.tools.tiny import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
@@ -153,26 +163,12 @@ def test_looped_gemma3_equals_the_hf_path(tmp_path, monkeypatch, loop):
     assert model.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
     save_model(model, tokenizer, tmp_path / "gemma3")
     loop = LoopConfig(**loop)
-    register()
-    from vllm import LLM, SamplingParams, TokensPrompt
-
     prompts = [tokenizer(q).input_ids for q in QUESTIONS]
     assert min(map(len, prompts)) > model.config.sliding_window
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in this process, for apply_model
-    llm = LLM(str(tmp_path / "gemma3"), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
-              max_model_len=256, enable_prefix_caching=True, hf_overrides=engine_overrides("Gemma3ForCausalLM", loop))
-    (windows,) = llm.apply_model(lambda m: {j: site.attn.sliding_window for (j, _, _), site in m.loop.sites.items()})
+    windows = _assert_engine_tokens_equal_hf(
+        tmp_path / "gemma3", model, loop, prompts,
+        inspect=lambda m: {j: site.attn.sliding_window for (j, _, _), site in m.loop.sites.items()})
     assert windows == {j: 4 if j != 2 else None for j in range(loop.spec.windows[0].start, loop.spec.windows[-1].end)}
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                           SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
-    del llm
-    gc.collect()
-    apply_loop(model, loop)
-    for prompt, out in zip(prompts, outputs):
-        with torch.no_grad():
-            hf = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
-        tokens = list(out.outputs[0].token_ids)  # to the end-of-sequence token, where HF pads
-        assert tokens == hf[:len(tokens)] and (len(tokens) == 24 or tokens[-1] == model.config.eos_token_id)
 
 
 @pytest.mark.parametrize("loop", [
@@ -261,15 +257,12 @@ def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
         assert a[doc][0][0] == pytest.approx(b[doc][0][0], rel=2e-6, abs=1e-4)
 
 
-def test_gemma3_270m_looped_on_the_engine_gives_the_hf_paths_tokens(monkeypatch):
+def test_gemma3_270m_looped_on_the_engine_gives_the_hf_paths_tokens():
     """Real weights: a damped loop over sliding layer 4, global layer 5 and sliding layer 6, on
     GSM8K questions and on a prompt past the 512-token window; the engine's greedy tokens are
     apply_loop's."""
-    import torch
-
-    from loopeval import apply_loop, load_model
+    from loopeval import load_model
     from loopeval.core.spec import LoopConfig
-    from loopeval.engines.vllm_models import engine_overrides, register
     from real.conftest import GSM8K_8, _absent, _gemma3_file, imported
 
     gguf = _gemma3_file()
@@ -282,23 +275,8 @@ def test_gemma3_270m_looped_on_the_engine_gives_the_hf_paths_tokens(monkeypatch)
     questions = [json.loads(line)["question"] for line in GSM8K_8.read_text().splitlines()]
     prompts = [tokenizer(q).input_ids for q in questions[:3]] + [tokenizer(" ".join(questions) * 3).input_ids[:530]]
     assert len(prompts[-1]) == 530
-    loop = LoopConfig("4:7x2", operator="damped", beta=0.5)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: faster on 2 cores (docs/engine.md)
-    register()
-    from vllm import LLM, SamplingParams, TokensPrompt
-
-    llm = LLM(str(path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni", max_model_len=1024,
-              enable_prefix_caching=True, hf_overrides=engine_overrides("Gemma3ForCausalLM", loop))
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                           SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
-    del llm
-    gc.collect()
-    apply_loop(model, loop)
-    for prompt, out in zip(prompts, outputs):
-        with torch.no_grad():
-            hf = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
-        tokens = list(out.outputs[0].token_ids)
-        assert tokens == hf[:len(tokens)] and (len(tokens) == 16 or out.outputs[0].finish_reason == "stop")
+    _assert_engine_tokens_equal_hf(path, model, LoopConfig("4:7x2", operator="damped", beta=0.5), prompts,
+                                   max_tokens=16, max_model_len=1024)
 
 
 def test_a_study_runs_on_the_engine_and_its_results_are_recognised(workdir, tmp_path):
