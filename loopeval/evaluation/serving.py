@@ -352,9 +352,9 @@ def _check_engine(engine, sources, sizes, *, cache, compile, device) -> None:
     if isinstance(engine, str):
         if engine == "hf":
             return
-        hint = ("loopeval.engines.vllm_serving.serve_cost (or loopeval serve-cost --engine vllm)"
-                if engine == "vllm" else f"one of {', '.join(ENGINES)}")
-        raise ValueError(f"engine {engine!r}: the HF path is engine=None; for another engine use {hint}")
+        raise ValueError(f"engine {engine!r}: serve_cost takes engine=None for the HF path and an engine object "
+                         "otherwise; for vLLM use loopeval.engines.vllm_serving.serve_cost (loopeval serve-cost "
+                         "--engine vllm)")
     engine.check(sources, sizes, cache=cache, compile=compile, device=device)
 
 
@@ -646,8 +646,9 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     input is checked before any model loads or runs. With ``out``, writes
     ``out/serve_cost.json``.
 
-    ``engine`` is ``None`` for the HF path, or an engine object from a floor above this one:
-    :class:`loopeval.engines.vllm_serving.VLLMServing` (through
+    ``engine`` is ``None`` for the HF path, or an engine object from a floor above this one
+    (``name``, and ``check``, ``version``, ``load``, ``meter``, ``kv_bytes_per_token`` and
+    ``settings`` as :class:`loopeval.engines.vllm_serving.VLLMServing` defines them); that one (through
     :func:`loopeval.engines.vllm_serving.serve_cost`) measures the same figures on vLLM:
     every model's ``LLM`` alive in this process, timed in turn as above, with **prefix
     caching off** (the repeats send the same prompt ids, so a prefix cache would skip their

@@ -215,8 +215,8 @@ def test_the_engine_refuses_what_it_cannot_measure_before_any_work(options, mess
 
 
 @pytest.mark.parametrize(("engine", "message"), [
-    ("vllm", r"engine 'vllm': the HF path is engine=None; for another engine use loopeval.engines.vllm_serving"),
-    ("sglang", r"engine 'sglang': the HF path is engine=None; for another engine use one of hf, vllm"),
+    ("vllm", r"engine 'vllm': serve_cost takes engine=None for the HF path .* loopeval.engines.vllm_serving.serve_cost"),
+    ("sglang", r"engine 'sglang': serve_cost takes engine=None for the HF path and an engine object otherwise"),
 ])
 def test_an_engine_by_name_is_refused_naming_where_it_lives(engine, message, tmp_path):
     from loopeval.evaluation import serving
