@@ -2,7 +2,7 @@
 (:data:`loopeval.evaluation.metrics.TEST_SET_ITEMS`): one short hash per item of the doc
 field named there, sorted; never the data itself.
 
-    python benchmarks/make_test_items.py /work/shared/data/gsm8k/test.jsonl question \
+    python benchmarks/make_test_items.py ../shared/data/gsm8k/test.jsonl question \
         loopeval/evaluation/test_items/gsm8k_test_question.txt
 """
 
