@@ -231,29 +231,45 @@ def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()
     return path
 
 
-_SPIN = "import os, multiprocessing as m\ndef f(_):\n    while True: pass\nm.Pool(os.cpu_count()).map(f, range(os.cpu_count()))"
+_SPIN = """\
+import multiprocessing as m, os
+
+def spin(started):
+    started.put(os.getpid())
+    while True:
+        pass
+
+started = m.Queue()
+workers = [m.Process(target=spin, args=(started,), daemon=True) for _ in range(os.cpu_count())]
+for w in workers:
+    w.start()
+for _ in workers:
+    started.get()
+print("spinning", flush=True)
+for w in workers:
+    w.join()
+"""
 
 
 class busy_machine:
-    """A context in which another process spins on every core (started ``settle`` seconds
-    before the body, killed with its pool after it)."""
-
-    def __init__(self, settle: float = 1.5):
-        self.settle = settle
+    """A context in which another process spins on every core: the body starts once every
+    spinner has started (it says so), and the spinners are killed with their group after it."""
 
     def __enter__(self):
-        import time
-
-        self.process = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True,
-                                        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
-        time.sleep(self.settle)
+        self.process = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True, stdout=subprocess.PIPE,
+                                        text=True, env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
+        line = self.process.stdout.readline().strip()
+        if line != "spinning":
+            self.__exit__()
+            raise RuntimeError(f"the competing job did not start: it printed {line!r}")
         return self
 
     def __exit__(self, *exc):
         import signal
 
-        os.killpg(self.process.pid, signal.SIGKILL)  # the pool's workers too
+        os.killpg(self.process.pid, signal.SIGKILL)  # the spinners too
         self.process.wait()
+        self.process.stdout.close()
 
 
 # Tiny lm-eval tasks of the looped-model tests (tests/evaluation, tests/engines).
