@@ -30,8 +30,12 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
-import torch
-from lm_eval.models.huggingface import HFLM
+from loopeval.common.threads import set_wait_policy
+
+set_wait_policy()  # before torch starts its OpenMP runtime (loopeval.common.threads)
+
+import torch  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
 from transformers import LogitsProcessor, LogitsProcessorList
 
 import loopeval
