@@ -231,6 +231,25 @@ def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()
     return path
 
 
+def assert_close_in_float32(actual, expected) -> None:
+    """``actual`` equals ``expected`` (float32 activations or logits computed another correct way:
+    other batch shapes, a cache, an unrolled copy) within float32 rounding: per vector along the
+    last dimension, ``loopeval.core.cache_check.rounding_tolerance`` of ``expected``, i.e.
+    2e-4 of its largest magnitude (at least 1e-3), the rule the cache check uses. A wrong cache
+    slot or a misplaced pass differs by a sizeable fraction of the vector."""
+    import torch
+
+    from loopeval.core.cache_check import rounding_tolerance
+
+    expected = expected.float()
+    gap = (actual.float() - expected).abs().amax(-1)
+    tolerance = rounding_tolerance(expected, torch.float32)
+    worst = int((gap - tolerance).flatten().argmax())
+    assert bool((gap <= tolerance).all()), (
+        f"gap {gap.flatten()[worst].item():.3g} past float32 rounding ({tolerance.flatten()[worst].item():.3g}) "
+        f"at vector {worst} of {gap.numel()}")
+
+
 _SPIN = """\
 import multiprocessing as m, os
 
