@@ -7,13 +7,15 @@ import argparse
 
 def int_list(text: str) -> list[int]:
     """``"2-8"``, ``"2,3,4"`` or a mix (``"0-3,6"``)."""
+    from loopeval.common.errors import whole_number
+
     values = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            values += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers such as 2-8 or 2,3,4") from None
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        bounds = [whole_number(lo), whole_number(hi) if hi else whole_number(lo)]
+        if None in bounds:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers such as 2-8 or 2,3,4")
+        values += list(range(bounds[0], bounds[1] + 1))
     return values
 
 
