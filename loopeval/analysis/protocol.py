@@ -219,6 +219,32 @@ def task_margin(paired: PairedRuns, task: str, margin: float, margins: Mapping[s
     return margin if unit.fraction else None
 
 
+def check_amounts(paired: PairedRuns, bare: float | None, named: Mapping[str, float] | None, flag: str) -> None:
+    """The one rule for an amount given per metric, before any resampling: an equivalence
+    margin (``--margin`` of ``compare`` and ``report``, a study's ``statistics.margin`` and
+    ``margins``) and a difference to detect (``power``'s ``--delta``). A named metric must be
+    one these runs report, its value in that metric's unit (:meth:`Unit.check_margin`); a bare
+    value is the accuracies' (a fraction in (0, 1)) and needs an accuracy among the metrics.
+    ``flag`` names the option in the refusal."""
+    by_name: dict[str, list[str]] = {}
+    for t in paired.tasks:
+        by_name.setdefault(paired.metric_name(t), []).append(t)
+    for name, value in (named or {}).items():
+        if name not in by_name:
+            raise ValueError(f"{flag} {name}=...: no metric {name!r} in these runs (their metrics: "
+                             f"{', '.join(sorted(by_name))})")
+        for t in by_name[name]:
+            paired.unit(t).check_margin(f"{flag} {name}", value)
+    if bare is None:
+        return
+    if not any(paired.unit(t).fraction for t in paired.tasks):
+        first = next(iter(by_name))
+        raise ValueError(f"{flag} {bare:g}: a bare value is the accuracies' (a fraction, A.5's ±2 points is 0.02), "
+                         f"and no metric here is an accuracy; give the metric's own in its unit "
+                         f"({flag} {first}={bare:g}, in {paired.unit(by_name[first][0]).name})")
+    POINTS.check_margin(flag, bare)
+
+
 def single_kind(paired: PairedRuns, what: str) -> None:
     """Refuse tasks of several kinds where one macro decides (a macro never averages two units)."""
     kinds = paired.kinds()

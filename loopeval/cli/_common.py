@@ -79,20 +79,34 @@ def metric_value(text: str) -> tuple[str | None, float]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number or METRIC=NUMBER, e.g. nll_per_byte=0.005") from None
 
 
-def add_margin_option(parser) -> None:
-    """``--margin [METRIC=]VALUE`` (repeatable): the accuracy margin, or a named metric's in its unit."""
-    parser.add_argument("--margin", action="append", type=metric_value, default=[], metavar="[METRIC=]VALUE",
-                        help="equivalence margin: a bare VALUE is the accuracy margin, a fraction (default 0.02, A.5's "
-                        "±2 points); METRIC=VALUE a metric's own, in its unit (e.g. nll_per_byte=0.005). A continuous "
-                        "metric without one gets no equivalence verdict. Repeatable")
+MARGIN_HELP = ("equivalence margin: a bare VALUE is the accuracies' margin, a fraction (default 0.02, A.5's ±2 points); "
+               "METRIC=VALUE a metric's own, in its unit (e.g. nll_per_byte=0.005). A continuous metric without one "
+               "gets no equivalence verdict. Repeatable, once per metric")
+DELTA_HELP = ("difference to detect: a bare VALUE on accuracies, a fraction (0.02 = 2 points); METRIC=VALUE on a metric "
+              "in its own unit (e.g. nll_per_byte=0.005). Repeatable, once per metric")
 
 
-def margin_options(args) -> tuple[float | None, dict[str, float]]:
-    """The accuracy margin (``None``: not given) and the named metrics' margins of ``--margin``."""
-    bare = [v for name, v in args.margin if name is None]
-    if len(bare) > 1:
-        raise ValueError(f"--margin given {len(bare)} bare values; give the accuracy margin once")
-    return (bare[0] if bare else None), {name: v for name, v in args.margin if name is not None}
+def add_metric_option(parser, flag: str, help: str) -> None:
+    """``FLAG [METRIC=]VALUE`` (repeatable): an amount per metric, read by :func:`metric_option`
+    and checked against the runs by :func:`loopeval.analysis.protocol.check_amounts`; ``--margin``
+    of ``compare`` and ``report`` and ``--delta`` of ``power``."""
+    parser.add_argument(flag, action="append", type=metric_value, default=[], metavar="[METRIC=]VALUE", help=help)
+
+
+def metric_option(args, flag: str) -> tuple[float | None, dict[str, float]]:
+    """The bare value (``None``: not given) and the named metrics' values of ``flag``; a value
+    given twice for the accuracies or for one metric is refused (the last would win silently)."""
+    bare, named = None, {}
+    for name, value in getattr(args, flag.lstrip("-").replace("-", "_")):
+        if (bare if name is None else named.get(name)) is not None:
+            what = "the accuracies' value" if name is None else f"metric {name}"
+            first = bare if name is None else named[name]
+            raise ValueError(f"{flag} given twice for {what} ({first:g} and {value:g}); give it once")
+        if name is None:
+            bare = value
+        else:
+            named[name] = value
+    return bare, named
 
 
 def add_reading_options(p) -> None:

@@ -6,6 +6,7 @@ import json
 import re
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,33 @@ def test_a_thread_value_that_is_not_ascii_digits_is_refused_naming_the_variable(
     with pytest.raises(UserError, match=rf"LOOPEVAL_THREADS={re.escape(repr(value))}: expected a whole number of threads"
                        r".*in ASCII digits; set LOOPEVAL_THREADS to such a number or unset it"):
         check_threads(value, "LOOPEVAL_THREADS")
+
+
+RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+SIBLINGS = {  # one definition of a per-metric amount: compare's and report's --margin, power's --delta
+    "compare": ["compare", str(RUNS / "twin"), str(RUNS / "looped"), "--n-resamples", "200"],
+    "report": ["report", "--twin", str(RUNS / "twin"), "--looped", str(RUNS / "looped"), "--n-resamples", "200"],
+    "power": ["power", str(RUNS / "twin"), str(RUNS / "looped")],
+}
+FLAG = {"compare": "--margin", "report": "--margin", "power": "--delta"}
+
+
+@pytest.mark.parametrize("command", SIBLINGS)
+@pytest.mark.parametrize(("values", "message"), [
+    (["acc=0.05", "acc=0.01"], r"{flag} given twice for metric acc \(0.05 and 0.01\); give it once"),
+    (["0.02", "0.03"], r"{flag} given twice for the accuracies' value \(0.02 and 0.03\); give it once"),
+    (["nll=0.01"], r"{flag} nll=\.\.\.: no metric 'nll' in these runs \(their metrics: "),
+    (["acc=2"], r"{flag} acc=2.0: expected a fraction in \(0, 1\) \(fractions, not points: 2 points is 0.02\)"),
+    (["2"], r"{flag}=2.0: expected a fraction in \(0, 1\) \(fractions, not points: 2 points is 0.02\)"),
+    (["-0.02"], r"{flag}=-0.02: expected a fraction in \(0, 1\)"),
+    (["acc=0"], r"{flag} acc=0.0: expected a fraction in \(0, 1\)"),
+])
+def test_sibling_commands_refuse_one_bad_amount_alike(tmp_path, capsys, command, values, message):
+    flag = FLAG[command]
+    args = SIBLINGS[command] + (["--out", str(tmp_path / "r.html")] if command == "report" else [])
+    for value in values:
+        args += [flag, value]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert re.search(message.format(flag=flag), err), err
+    assert "Traceback" not in err and not (tmp_path / "r.html").exists()

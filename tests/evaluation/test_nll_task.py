@@ -226,7 +226,7 @@ def trace_records(folder: Path) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "item"]
 
 
-def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(traced):
+def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(traced, capsys):
     from loopeval.analysis.compared import compare_runs
 
     plain, looped = traced
@@ -254,9 +254,18 @@ def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(tra
     row = given["tasks"]["gsm8k_nll"]
     # a margin in nats per byte is the metric's own; at 4 items no interval is valid for a continuous score
     assert (row["margin"], row["equivalent"], row["equivalence_method"]) == (5.0, False, "none")
-    with pytest.raises(ValueError, match=r"no metric here is an accuracy; give the metric's own margin in its unit "
+    with pytest.raises(ValueError, match=r"no metric here is an accuracy; give the metric's own in its unit "
                                          r"\(--margin nll_per_byte=0.01, in nats per byte\)"):
         compare_runs(plain, looped, allow_subset=True, tasks=["gsm8k_nll"], margin=0.01)
+    # the sibling commands read a bare value alike: power's --delta is refused as compare's --margin is
+    from loopeval.cli import main
+
+    for command, flag in (("compare", "--margin"), ("power", "--delta")):
+        args = [command, str(plain), str(looped), "--tasks", "gsm8k_nll", flag, "0.01"]
+        assert main(args + (["--allow-subset"] if command == "compare" else [])) == 2
+        assert (f"{flag} 0.01: a bare value is the accuracies' (a fraction, A.5's ±2 points is 0.02), and no metric "
+                f"here is an accuracy; give the metric's own in its unit ({flag} nll_per_byte=0.01, in nats per "
+                "byte)") in capsys.readouterr().err
     with pytest.raises(ValueError, match="no metric 'nll' in these runs"):
         compare_runs(plain, looped, allow_subset=True, margins={"nll": 0.01})
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from loopeval.common.args import as_bool, as_field, as_float, as_int, as_text
+from loopeval.common.args import TRUE, as_bool, as_field, as_float, as_int
+from loopeval.common.errors import whole_number
 from loopeval.core.spec import LOOP_OPTIONS, option_fields
 from loopeval.evaluation.identity import INTENDED
 from loopeval.evaluation.settings import DECODING_OPTIONS, DecodingOptions
@@ -335,13 +336,35 @@ def _decoding(w: _Where, entries) -> tuple[DecodingSpec, ...]:
     return tuple(out)
 
 
+RAY_ADDRESS_FORMS = "auto, local, HOST:PORT or ray://HOST:PORT"
+
+
+def as_ray_address(name: str, value) -> str:
+    """A Ray cluster address (:data:`RAY_ADDRESS_FORMS`), checked before Ray parses it (Ray's
+    own parser fails at connect time, naming neither the file nor the variable)."""
+    text = value.strip() if isinstance(value, str) else None
+    if text in ("auto", "local"):
+        return text
+    rest = text[len("ray://"):] if text and text.startswith("ray://") else text
+    host, sep, port = (rest or "").rpartition(":")
+    number = whole_number(port) if sep else None
+    if not host or any(c.isspace() or c in "/@?#" for c in host) or number is None or not 1 <= number <= 65535:
+        hint = (" (a yes is not an address: the study's ray: true, or --ray alone, uses RAY_ADDRESS or a new "
+                "local Ray)" if isinstance(value, str) and value.strip().lower() in TRUE else "")
+        raise ValueError(f"{name}={value!r}: expected a Ray address: {RAY_ADDRESS_FORMS}{hint}")
+    return text
+
+
 def _ray(w: _Where, value) -> RayOptions | None:
     if isinstance(value, bool) or value is None:
         return RayOptions() if value else None
     if isinstance(value, str):
-        return RayOptions(address=value)
+        return RayOptions(address=w.typed("ray", as_ray_address, value))
+    if not isinstance(value, dict):
+        raise w.error("ray", f"{value!r}: expected true, an address ({RAY_ADDRESS_FORMS}) or a mapping of "
+                      f"{', '.join(RAY_KEYS)}")
     given = {k: v for k, v in w.mapping(value, "ray", RAY_KEYS).items() if v is not None}
-    parse = {"address": lambda n, v: as_text(n, str(v)), "cpus": lambda n, v: as_float(n, v, positive=True),
+    parse = {"address": as_ray_address, "cpus": lambda n, v: as_float(n, v, positive=True),
              "gpus": _non_negative, "retries": lambda n, v: as_int(n, v, minimum=0)}
     return RayOptions(**{k: w.typed(f"ray.{k}", parse[k], v) for k, v in given.items()})
 
