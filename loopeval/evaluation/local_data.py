@@ -142,7 +142,7 @@ def _records(file: Path) -> list[tuple[str, dict]]:
     if ext in ("jsonl", "json"):
         rows = [(f"{file}:{lineno}", r) for lineno, r in read_jsonl(file, an_object, what="data")]
     elif ext == "csv":
-        with file.open(newline="", encoding="utf-8") as f:
+        with file.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is not a field name
             reader = csv.DictReader(f)
             rows = [(f"{file}:{reader.line_num}", dict(r)) for r in reader]
     elif ext == "parquet":

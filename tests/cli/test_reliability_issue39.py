@@ -85,3 +85,32 @@ def test_sibling_commands_refuse_one_bad_amount_alike(tmp_path, capsys, command,
     err = capsys.readouterr().err
     assert re.search(message.format(flag=flag), err), err
     assert "Traceback" not in err and not (tmp_path / "r.html").exists()
+
+
+def _gsm8k_data(tmp_path, name: str, data: bytes) -> Path:
+    folder = tmp_path / "data" / "gsm8k" / "main"
+    folder.mkdir(parents=True)
+    (folder / name).write_bytes(data)
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize(("answer", "shown"), [
+    ("#### eighteen", "'eighteen'"), ("#### 1 8", "'1 8'"), ("#### ١٨", "'١٨'"), ("#### 18 apples", "'18 apples'"),
+    ("#### $18", "'$18'"), ("#### 1e3", "'1e3'"),
+])
+def test_local_tasks_refuses_a_gold_answer_that_is_not_a_number(tmp_path, capsys, answer, shown):
+    data = _gsm8k_data(tmp_path, "test.jsonl", (json.dumps({"question": "Q?", "answer": "#### 2"}) + "\n" +
+                                                json.dumps({"question": "Q2?", "answer": answer}) + "\n").encode())
+    assert main(["local-tasks", "--data", str(data), "--out", str(tmp_path / "t"), "--tasks", "gsm8k_boxed"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"test.jsonl:2: task gsm8k_boxed cannot read this record .*'#### <number>' line holds "
+                     rf"{re.escape(shown)}, not a number in digits", err), err
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("gold", ["18", "-3", "1,234", "2.5"])
+def test_local_tasks_reads_a_number_and_a_csv_header_after_a_byte_order_mark(tmp_path, capsys, gold):
+    row = f'question,answer\r\nWhat is it?,"#### {gold}"\r\n'
+    data = _gsm8k_data(tmp_path, "test.csv", b"\xef\xbb\xbf" + row.encode())  # as a spreadsheet saves UTF-8
+    assert main(["local-tasks", "--data", str(data), "--out", str(tmp_path / "t"), "--tasks", "gsm8k_boxed"]) == 0
+    assert (tmp_path / "t" / "gsm8k_boxed.yaml").is_file()
