@@ -111,6 +111,18 @@ def outside_test_set(task: str, docs) -> list[int]:
             if not (isinstance(doc, dict) and isinstance(doc.get(field), str) and item_hash(doc[field]) in hashes)]
 
 
+FRACTION_METRICS = frozenset({"acc", "acc_norm", "exact_match", "boxed"})
+"""lm-eval's and loopeval's 0/1 metrics (means of 0/1 scores): fractions, shown in points."""
+
+
+def declared_unit(metric: str) -> Unit | None:
+    """The unit of lm-eval metric ``metric`` known before any score is read: loopeval's
+    registry, points for a 0/1 metric (:data:`FRACTION_METRICS`); ``None`` where only the
+    scores tell (:func:`unit_of`)."""
+    name = metric.split(",", 1)[0]
+    return OWN_UNITS.get(name) or (POINTS if name in FRACTION_METRICS else None)
+
+
 def unit_of(metric: str, scores) -> Unit:
     """The unit of lm-eval metric ``metric`` ("name" or "name,filter") given its per-item
     ``scores``: loopeval's registry, else points for fractions in [0, 1], else the metric's own."""

@@ -114,3 +114,87 @@ def test_local_tasks_reads_a_number_and_a_csv_header_after_a_byte_order_mark(tmp
     data = _gsm8k_data(tmp_path, "test.csv", b"\xef\xbb\xbf" + row.encode())  # as a spreadsheet saves UTF-8
     assert main(["local-tasks", "--data", str(data), "--out", str(tmp_path / "t"), "--tasks", "gsm8k_boxed"]) == 0
     assert (tmp_path / "t" / "gsm8k_boxed.yaml").is_file()
+
+
+@pytest.fixture(scope="module")
+def study_world(tmp_path_factory):
+    """A tiny checkpoint and a local task scored by exact_match, for ``protocol --dry-run``."""
+    import yaml
+
+    from loopeval import save_model
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("study")
+    tok = tiny_tokenizer()
+    save_model(tiny_model("qwen3", vocab_size=len(tok), num_layers=2), tok, root / "model")
+    tasks = root / "tasks"
+    tasks.mkdir()
+    (tasks / "data.jsonl").write_text("".join(json.dumps({"question": f"{a}+{a}?", "answer": str(2 * a)}) + "\n"
+                                              for a in range(3)))
+    (tasks / "tiny_m.yaml").write_text(yaml.safe_dump({
+        "task": "tiny_m", "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(tasks / "data.jsonl")}},
+        "output_type": "generate_until", "test_split": "test", "doc_to_text": "{{question}}", "doc_to_target": "{{answer}}",
+        "generation_kwargs": {"until": [], "max_gen_toks": 4, "do_sample": False},
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}))
+    return root
+
+
+STUDY_CASES = {  # id: (change to the study, environment, the refusal after "study.yaml: ")
+    "margins-unknown-metric": ({"statistics": {"margins": {"nll_per_byte": 0.01}}}, {},
+                               r"statistics.margins.nll_per_byte: no task of this study reports metric 'nll_per_byte' "
+                               r"\(their metrics: tiny_m exact_match\)"),
+    "margins-in-points": ({"statistics": {"margins": {"exact_match": 2}}}, {},
+                          r"statistics.margins.exact_match: margins.exact_match=2(\.0)?: expected a fraction in \(0, 1\) "
+                          r"\(fractions, not points: 2 points is 0.02\)"),
+    "margins-at-top-level": ({"margins": {"exact_match": 0.01}}, {},
+                             r"margins: unknown key; a study takes .* \(margins belongs under statistics: "
+                             r"statistics.margins\)"),
+    "device-at-top-level": ({"device": "cpu"}, {}, r"device: unknown key; .*\(device belongs under lm_eval: lm_eval.device\)"),
+    "ray-yes": ({"ray": "yes"}, {}, r"ray: ray='yes': expected a Ray address: auto, local, HOST:PORT or "
+                                    r"ray://HOST:PORT \(a yes is not an address"),
+    "ray-number": ({"ray": 5}, {}, r"ray: 5: expected true, an address"),
+    "ray-address-number": ({"ray": {"address": 6379}}, {}, r"ray.address: address=6379: expected a Ray address"),
+    "ray-address-port": ({"ray": {"address": "head:99999"}}, {}, r"ray.address: address='head:99999': expected a Ray address"),
+    "ray-address-spaces": ({"ray": {"address": "my head:6379"}}, {}, r"ray.address: address='my head:6379'"),
+    "ray-cpus": ({"ray": {"cpus": 0}}, {}, r"ray.cpus: cpus=0: must be > 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STUDY_CASES))
+def test_protocol_dry_run_refuses_what_the_run_would_refuse_naming_file_key_and_value(study_world, tmp_path, capsys,
+                                                                                        monkeypatch, case):
+    import yaml
+
+    change, env, message = STUDY_CASES[case]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    study = {"name": "s", "output": str(tmp_path / "out"), "tasks": ["tiny_m"],
+             "include_path": [str(study_world / "tasks")],
+             "models": [{"name": "m", "role": "twin", "path": str(study_world / "model")}], **change}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    assert main(["protocol", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"^loopeval protocol: error: {re.escape(str(path))}: {message}", err, re.M), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"LOOPEVAL_THREADS": "²"}, r"LOOPEVAL_THREADS='²': expected a whole number of threads"),
+    ({"OMP_NUM_THREADS": "0"}, r"OMP_NUM_THREADS='0': expected a whole number of threads"),
+    ({"RAY_ADDRESS": "not an address"}, r"RAY_ADDRESS='not an address': expected a Ray address"),
+    ({"RAY_ADDRESS": "head:0"}, r"RAY_ADDRESS='head:0': expected a Ray address"),
+])
+def test_protocol_dry_run_refuses_a_bad_environment_variable_naming_it(study_world, tmp_path, capsys, monkeypatch,
+                                                                        env, message):
+    import yaml
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    study = {"name": "s", "output": str(tmp_path / "out"), "tasks": ["tiny_m"], "include_path": [str(study_world / "tasks")],
+             "models": [{"name": "m", "role": "twin", "path": str(study_world / "model")}], "ray": True}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    assert main(["protocol", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "Traceback" not in err, err

@@ -111,17 +111,22 @@ def _first_difference(a, b, where: str = "") -> str:
 
 
 def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: bool = True) -> None:
-    """Everything that can be known before any weights load: the tasks exist, each model's
-    loop fits its config, twins and looped models get the same per-model args (unless the
+    """Everything that can be known before any weights load, on a dry run as on a run: the
+    thread setting, the tasks exist, ``statistics.margins`` names their metrics in their
+    units, each model's loop fits its config, twins and looped models get the same per-model args (unless the
     study names the difference in ``intended_differences``), twins share their training
     manifest, the data of local tasks (``loopeval local-tasks``) reads, and no finished
     folder was made with other settings."""
     from loopeval.core.loop import resolve_loop
     from loopeval.training.manifest import find_manifest, twin_mismatches
 
+    from loopeval.common.threads import requested_threads
+
+    requested_threads()  # a bad LOOPEVAL_THREADS / OMP_NUM_THREADS, refused on a dry run as on a run
     _check_tasks(study)
     check_local_tasks(study.include_path)
     _check_full_test_sets(study)
+    _check_margins(study)
     _check_device(study)
     _check_reserves(study)
     for i, m in enumerate(study.models):
@@ -153,6 +158,36 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
     _check_chat_templates(study, evaluations)
     for e in evaluations:
         status(e, study, rerun=rerun)
+
+
+def _check_margins(study: Study) -> None:
+    """Each of ``statistics.margins`` names the main metric (lm-eval's first) of a task of the
+    study, its value in that metric's unit where the unit is known before any score
+    (:func:`loopeval.evaluation.metrics.declared_unit`; the report checks the rest on the
+    scores, :func:`loopeval.analysis.protocol.check_amounts`)."""
+    from lm_eval.tasks import get_task_dict
+
+    from loopeval.evaluation.metrics import declared_unit
+
+    margins = study.stat_options.margins
+    if not margins:
+        return
+    mains = {}
+    for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items():
+        listed = getattr(task.config, "metric_list", None) or []
+        mains[name] = listed[0].get("metric") if listed and isinstance(listed[0], dict) else None
+    known = {m for m in mains.values() if isinstance(m, str)}
+    for metric, value in margins.items():
+        key = f"{study.path}: statistics.margins.{metric}"
+        if metric not in known and None not in mains.values():
+            raise ValueError(f"{key}: no task of this study reports metric {metric!r} (their metrics: "
+                             f"{', '.join(f'{t} {m}' for t, m in sorted(mains.items()))}); name a task's metric")
+        unit = declared_unit(metric)
+        if unit is not None:
+            try:
+                unit.check_margin(f"margins.{metric}", value)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
 
 
 def _check_chat_templates(study: Study, evaluations: list[Evaluation]) -> None:

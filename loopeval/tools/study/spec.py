@@ -103,8 +103,10 @@ class _Where:
             raise self.error(key, f"expected a mapping, got {type(value).__name__}")
         unknown = [k for k in value if k not in allowed]
         if unknown:
+            home = next((block for block, keys in _BLOCKS.items() if unknown[0] in keys and block != key), None)
+            hint = f" ({unknown[0]} belongs under {home}: {home}.{unknown[0]})" if home and not key else ""
             raise self.error(f"{key}.{unknown[0]}" if key else unknown[0],
-                             f"unknown key; {key or 'a study'} takes {', '.join(allowed)}")
+                             f"unknown key; {key or 'a study'} takes {', '.join(allowed)}{hint}")
         return value
 
     def typed(self, key: str, fn, *args, **kwargs):
@@ -112,6 +114,10 @@ class _Where:
             return fn(key.rsplit(".", 1)[-1], *args, **kwargs)
         except ValueError as exc:
             raise self.error(key, str(exc)) from None
+
+
+_BLOCKS = {"statistics": STATISTICS_KEYS, "lm_eval": LM_EVAL_KEYS, "report": REPORT_KEYS, "ray": RAY_KEYS}
+"""The study's blocks and their keys: a block's key given at the top level is named with its block."""
 
 
 def load_study(path: str | Path) -> Study:
