@@ -150,6 +150,13 @@ def test_a_change_that_cannot_change_outputs_keeps_the_result(done, change):
     assert done() == "done", change
 
 
+def test_a_moved_task_folder_with_the_same_content_is_still_done(done):
+    """lm-eval records the YAML's path (metadata.config_source); the fingerprint is by content."""
+    shutil.move(done.root / "tasks", done.root / "moved_tasks")
+    _edit(done.root / "moved_tasks" / "tiny_id.yaml", str(done.root / "tasks"), str(done.root / "moved_tasks"))
+    assert done(include_path=["moved_tasks"]) == "done"
+
+
 def test_a_moved_checkpoint_is_still_done_and_the_report_settings_do_not_count(done):
     shutil.move(done.root / "model", done.root / "moved")
     assert done(models=[{"name": "m", "role": "twin", "path": "moved"}]) == "done"
