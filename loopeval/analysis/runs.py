@@ -585,17 +585,22 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
 def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str | None:
     """``"pilot: n of N items"`` when any of the runs covers fewer items of its tasks than
     their full test sets hold (a ``--limit`` run, or a local file with a subset, accepted
-    with ``allow_subset``), N counted as :attr:`TaskScores.n_full`, else ``None``. Items
+    with ``allow_subset``), N counted as :attr:`TaskScores.n_full`, else ``None``; said per
+    task, never summed over tasks (``"... in each of 2 tasks (a, b)"``, or ``"n of N items
+    of a, m of M items of b"``). Items
     that are not in their task's test set (:attr:`TaskScores.foreign_items`, accepted with
     ``allow_subset`` too) make it a pilot whatever the counts, and the label says how many."""
     chosen = [(t, ts) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
     foreign = [(t, d) for t, ts in chosen for d in ts.foreign_items]
     if not runs or (not foreign and all(ts.n == ts.n_full for _, ts in chosen)):
         return None
-    first = runs[0]
-    n = sum(ts.n for t, ts in first.tasks.items() if tasks is None or t in tasks)
-    total = sum(ts.n_full for t, ts in first.tasks.items() if tasks is None or t in tasks)
-    label = f"pilot: {n} of {total} items"
+    counts = {t: (ts.n, ts.n_full) for t, ts in sorted(runs[0].tasks.items()) if tasks is None or t in tasks}
+    if len(set(counts.values())) == 1:
+        (n, total), = set(counts.values())
+        label = f"pilot: {n} of {total} items" + (f" in each of {len(counts)} tasks ({', '.join(counts)})"
+                                                  if len(counts) > 1 else "")
+    else:
+        label = "pilot: " + ", ".join(f"{n} of {total} items of {t}" for t, (n, total) in counts.items())
     if foreign:
         label += (f", {len(foreign)} of the runs' items not in their task's test set "
                   f"(e.g. {foreign[0][0]} doc_id {foreign[0][1]})")

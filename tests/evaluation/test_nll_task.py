@@ -236,7 +236,7 @@ def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(tra
     raw = {side: load_run(path, allow_subset=True).tasks["gsm8k_nll"].scores for side, path in zip("ab", traced)}
     out, text = result.as_dict(), str(result)
     # 4 items in each task, none of them GSM8K test items (tests/fixtures/tasks/gsm8k.jsonl: 2 train, 2 made up)
-    assert out["pilot"].startswith("pilot: 8 of 2638 items, 16 of the runs' items not in their task's test set")
+    assert out["pilot"].startswith("pilot: 4 of 1319 items in each of 2 tasks (gsm8k_boxed, gsm8k_nll), 16 of the runs' items not in their task's test set")
     nll, boxed = out["tasks"]["gsm8k_nll"], out["tasks"]["gsm8k_boxed"]
     # the NLL as lm-eval reports it (nats per byte, lower is better), never negated or x100
     assert (nll["unit"], nll["higher_is_better"]) == ("nats per byte", False)
@@ -305,7 +305,7 @@ def test_the_report_takes_nll_runs_alone_and_beside_accuracy(traced, tmp_path):
     plain, looped = traced
     c = load_run(looped, allow_subset=True).header.multiplier
     data = build_report([plain], [looped], allow_subset=True, n_resamples=300, default_scale=0.1)
-    assert data.pilot.startswith("pilot: 8 of 2638 items, 16 of the runs' items not in their task's test set")
+    assert data.pilot.startswith("pilot: 4 of 1319 items in each of 2 tasks (gsm8k_boxed, gsm8k_nll), 16 of the runs' items not in their task's test set")
     assert {k: v for k, v in data.kinds.items()} == {"points": ["gsm8k_boxed"],
                                                      "nats per byte, lower is better": ["gsm8k_nll"]}
     nll = next(cond for cond in data.conditions if cond.tasks == ("gsm8k_nll",))
