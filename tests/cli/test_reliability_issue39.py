@@ -198,3 +198,23 @@ def test_protocol_dry_run_refuses_a_bad_environment_variable_naming_it(study_wor
     assert main(["protocol", str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert re.search(message, err) and "Traceback" not in err, err
+
+
+def test_protocol_refuses_one_checkpoint_listed_as_two_seeds_by_content(study_world, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    copy = tmp_path / "copy"
+    shutil.copytree(study_world / "model", copy)  # the same content in another folder
+    study = {"name": "s", "output": str(tmp_path / "out"), "tasks": ["tiny_m"], "include_path": [str(study_world / "tasks")],
+             "models": [{"name": "m0", "role": "twin", "path": str(study_world / "model"), "seed": 0},
+                        {"name": "m1", "role": "twin", "path": str(copy), "seed": 1}]}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    assert main(["protocol", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"models\[1\] \(m1, seed 1\) is the checkpoint of models\[0\] \(m0, seed 0\): the same content "
+                     r".*; one checkpoint is one seed", err), err
+    (copy / "model.safetensors").write_bytes((copy / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\x40")
+    assert main(["protocol", str(path), "--dry-run"]) == 0  # another seed's weights

@@ -139,6 +139,7 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
                              "loop_config.json; give base: and loop:, or the looped checkpoint")
         if m.role != "looped" and loop is not None:
             raise ValueError(f"{study.path}: models[{i}] ({m.name}): role {m.role}, but {m.path} is looped ({loop.spec})")
+    _check_seeds(study)
     twins = {(m.seed, m.variant): m for m in study.models if m.role == "twin"}
     for m in study.models:
         if m.role != "looped":
@@ -158,6 +159,28 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
     _check_chat_templates(study, evaluations)
     for e in evaluations:
         status(e, study, rerun=rerun)
+
+
+def _check_seeds(study: Study) -> None:
+    """Entries of one role, variant and loop with different seeds are different checkpoints
+    by content (:func:`loopeval.evaluation.identity.loaded_fingerprint`): one checkpoint
+    listed as two seeds would be counted as two."""
+    from loopeval.evaluation.identity import LOADED_ARGS, loaded_fingerprint
+
+    seen = {}
+    for i, m in enumerate(study.models):
+        if m.seed is None:
+            continue
+        loaded = {"pretrained": m.path, **{k: v for k, v in m.model_args.items() if k in LOADED_ARGS or
+                                           k in ("gguf_file", "subfolder", "revision")}}
+        key = (m.role, m.variant, m.loop, tuple(sorted(m.loop_options.items())),
+               json.dumps(loaded_fingerprint(loaded), sort_keys=True))
+        if key in seen and seen[key][1].seed != m.seed:
+            j, other = seen[key]
+            raise ValueError(f"{study.path}: models[{i}] ({m.name}, seed {m.seed}) is the checkpoint of models[{j}] "
+                             f"({other.name}, seed {other.seed}): the same content ({m.path}); one checkpoint is one "
+                             "seed: list it once, or give each seed's own checkpoint")
+        seen.setdefault(key, (i, m))
 
 
 def _check_margins(study: Study) -> None:
