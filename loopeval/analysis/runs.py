@@ -30,7 +30,7 @@ import numpy as np
 
 from loopeval.analysis.stats import Resampler
 from loopeval.common.jsonl import read_jsonl
-from loopeval.evaluation.metrics import POINTS, Unit, full_size, outside_test_set, test_items, unit_of
+from loopeval.evaluation.metrics import POINTS, Unit, check_items, full_size, unit_of
 from loopeval.evaluation.trace import TraceHeader, TraceItem, find_traces
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
@@ -68,7 +68,8 @@ class TaskScores:
     higher_is_better: bool = True
     unit: Unit = POINTS
     output_type: str | None = None
-    foreign_items: tuple[int, ...] = ()  # doc_ids not in the task's full test set (metrics.outside_test_set)
+    foreign_items: tuple[int, ...] = ()  # doc_ids not items of the task's full test set (metrics.check_items)
+    duplicate_items: tuple[int, ...] = ()  # doc_ids repeating an earlier item, left out (counted once)
 
     @property
     def n(self) -> int:
@@ -494,13 +495,17 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         )
     doc_ids = np.array(sorted(items))
     recs = [items[d] for d in doc_ids]
-    outside = tuple(int(doc_ids[i]) for i in outside_test_set(task, [r["doc"] for r in recs]))
-    if outside and not allow_subset:
-        field = test_items(task)[0]
+    check = check_items(task, [r["doc"] for r in recs])
+    outside = tuple(int(doc_ids[i]) for i in check.not_benchmark) if check else ()
+    duplicated = tuple(int(doc_ids[i]) for i, _ in check.duplicates) if check else ()
+    if (outside or duplicated) and not allow_subset:
         raise ValueError(
-            f"{samples_path}: task {task}: {len(outside)} of {len(recs)} items are not in the task's test set "
-            f"(their doc {field!r} is none of its {full} items'), e.g. doc_id {outside[0]}: this run is not the "
-            "benchmark (another file, or train items?); a pilot over them: --allow-subset")
+            f"{samples_path}: task {task}: of its {len(recs)} items, "
+            f"{check.describe(lambda i: f'doc_id {int(doc_ids[i])}')}: this run is not the benchmark of {full} items "
+            "(another file, an edited one, or train items?); a pilot over them: --allow-subset")
+    if duplicated:  # a repeated item is one item: counted once, in every statistic
+        keep = [i for i, d in enumerate(doc_ids) if int(d) not in set(duplicated)]
+        doc_ids, recs = doc_ids[keep], [recs[i] for i in keep]
     prompt_hashes = tuple(r["hashes"][2] for r in recs)
     index, foreign, _ = traces
     joined = tuple(index.get((task, int(d), h), (None, None, ()))[2] for d, h in zip(doc_ids, prompt_hashes))
@@ -531,6 +536,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         unit=unit_of(key, [r["value"] for r in recs]),
         output_type=config.get("output_type"),
         foreign_items=outside,
+        duplicate_items=duplicated,
     )
 
 
@@ -592,7 +598,8 @@ def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str 
     ``allow_subset`` too) make it a pilot whatever the counts, and the label says how many."""
     chosen = [(t, ts) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
     foreign = [(t, d) for t, ts in chosen for d in ts.foreign_items]
-    if not runs or (not foreign and all(ts.n == ts.n_full for _, ts in chosen)):
+    repeated = [(t, d) for t, ts in chosen for d in ts.duplicate_items]
+    if not runs or (not foreign and not repeated and all(ts.n == ts.n_full for _, ts in chosen)):
         return None
     counts = {t: (ts.n, ts.n_full) for t, ts in sorted(runs[0].tasks.items()) if tasks is None or t in tasks}
     if len(set(counts.values())) == 1:
@@ -604,6 +611,8 @@ def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str 
     if foreign:
         label += (f", {len(foreign)} of the runs' items not in their task's test set "
                   f"(e.g. {foreign[0][0]} doc_id {foreign[0][1]})")
+    if repeated:
+        label += (f", {len(repeated)} duplicated item(s) counted once (e.g. {repeated[0][0]} doc_id {repeated[0][1]})")
     return label
 
 

@@ -354,8 +354,9 @@ def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path, monke
     monkeypatch.setitem(metrics.TEST_SET_SIZES, "gsm8k_nll", 4)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump({**study, "pilot": False}))
     loaded = load_study(tmp_path / "study.yaml")
-    with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: 4 of its 4 items are not in the task's test set "
-                                         r"\(e.g. item 0\): not the benchmark; .* set pilot: true"):
+    with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: of its 4 items, 4 item\(s\) not in the test set \(their "
+                                         r"'question' is none of its items', e.g. item 0\); 1319 test item\(s\) missing: "
+                                         r"not the benchmark .* set pilot: true"):
         check_before_compute(loaded, expand(loaded))
 
 

@@ -357,23 +357,25 @@ def _check_tasks(study: Study) -> None:
 
 def _check_full_test_sets(study: Study) -> None:
     """Without ``pilot: true``, every task must read its full test set: a local data file holding a
-    subset, or items that are not the test set's (:func:`loopeval.evaluation.metrics.outside_test_set`),
+    subset, or items that are not the test set's by question and answer, or repeated
+    (:func:`loopeval.evaluation.metrics.check_items`),
     makes a pilot, which the report would refuse after every evaluation had run."""
     if study.pilot:
         return
     from lm_eval.tasks import get_task_dict
 
-    from loopeval.evaluation.metrics import full_size, outside_test_set
+    from loopeval.evaluation.metrics import check_items, full_size
 
     for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items():
-        n = len(task.eval_docs)
+        docs = list(task.eval_docs)
+        n = len(docs)
         if n < full_size(name, n):
             raise ValueError(f"{study.path}: tasks: {name}: its data holds {n} of the task's {full_size(name, n)} test "
                              "items (a local file with a subset?); a run of a subset of the items is a pilot; set pilot: true")
-        outside = outside_test_set(name, task.eval_docs)
-        if outside:
-            raise ValueError(f"{study.path}: tasks: {name}: {len(outside)} of its {n} items are not in the task's test "
-                             f"set (e.g. item {outside[0]}): not the benchmark; a run of other items is a pilot; set pilot: true")
+        check = check_items(name, docs)
+        if check is not None and (check.not_benchmark or check.duplicates):
+            raise ValueError(f"{study.path}: tasks: {name}: of its {n} items, {check.describe()}: not the benchmark "
+                             "(another file, an edited one, or train items?); a run of other items is a pilot; set pilot: true")
 
 
 def expected_cost(study: Study, evaluations: list[Evaluation]) -> dict[str, float]:
