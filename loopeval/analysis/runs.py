@@ -104,7 +104,8 @@ class TaskScores:
             raise ValueError(
                 f"{self.samples_path.parent}: task {self.task}: {len(missing)} of {self.n} items have no trace "
                 f"record joined on (task, doc_id, prompt_hash), e.g. doc_id {doc_id}"
-                + (f"; {why}" if why else "; were they served from lm-eval's --use_cache, which writes no trace?")
+                + (f"; {why}" if why else "; the trace lost their lines (cut or edited), or a model other than "
+                   "loopeval's looped generated them: evaluate again (loopeval protocol re-runs a study's evaluation)")
             )
         return self.trace
 
@@ -481,7 +482,8 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
     samples_path = results_file.with_name(f"samples_{task}_{_stamp(results_file)}.jsonl")
     if not samples_path.exists():
         raise ValueError(
-            f"task {task}: no samples file {samples_path.name} beside {results_file}; run lm_eval with --log_samples"
+            f"task {task}: no samples file {samples_path.name} beside {results_file} (deleted, or lm_eval ran without "
+            "--log_samples); evaluate again with --log_samples (loopeval protocol re-runs a study's evaluation)"
         )
     items = _read_samples(samples_path, key)
     config = results["configs"].get(task) or {}

@@ -79,9 +79,11 @@ def expand(study: Study) -> list[Evaluation]:
 
 
 def status(evaluation: Evaluation, study: Study, *, rerun: bool = True) -> str:
-    """"done" (a finished folder with these settings and weights), "todo", or "stale: WHAT
-    CHANGED" (a finished folder made with other settings or other weights, e.g. a checkpoint
-    retrained in place: it is run again, and the old folder kept under ``evals/.replaced``).
+    """"done" (a finished folder with these settings and weights, holding every output the
+    report reads: :func:`incomplete`), "todo", or "stale: WHAT CHANGED" (a finished folder
+    made with other settings or other weights, e.g. a checkpoint retrained in place, or one
+    that lost an output, e.g. a deleted samples file or a trace cut short: it is run again,
+    and the old folder kept under ``evals/.replaced``).
     With ``rerun=False`` a stale folder is refused, naming the evaluation and what changed."""
     spec = evaluation.folder / SPEC_NAME
     if not spec.is_file():
@@ -99,7 +101,29 @@ def status(evaluation: Evaluation, study: Study, *, rerun: bool = True) -> str:
             f"evaluation {evaluation.name}: {evaluation.folder} was made with other settings ({diff}); "
             "run without --no-rerun to redo it (the old folder is kept), or change the study's output folder"
         )
+    lost = incomplete(evaluation, study)
+    if lost is not None:
+        if rerun:
+            return f"stale: outputs incomplete: {lost}"
+        raise ValueError(f"evaluation {evaluation.name}: {evaluation.folder} lacks outputs the report needs ({lost}); "
+                         "run without --no-rerun to redo it (the old folder is kept)")
     return "done"
+
+
+def incomplete(evaluation: Evaluation, study: Study) -> str | None:
+    """Why a finished folder lacks an output the report reads, or ``None``: its results, a
+    samples file per task holding every item, and for each generating task a trace record
+    for every item (:func:`loopeval.analysis.runs.load_run`, read as the report reads it)."""
+    from loopeval.analysis.runs import load_run
+
+    try:
+        run = load_run(evaluation.folder, allow_subset=study.pilot)
+        for task in run.tasks.values():
+            if task.generative:
+                task.passes  # every item joined to its trace records
+    except (ValueError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def _first_difference(a, b, where: str = "") -> str:
