@@ -49,7 +49,6 @@ from loopeval.analysis.stats import (
     seed_summary,
 )
 from loopeval.analysis.stats.display import points, pvalue as show_p
-from loopeval.analysis.stats.units import fraction
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS, SELECTIONS
 from loopeval.evaluation.metrics import POINTS, Unit
 
@@ -203,7 +202,7 @@ def _outcome(delta: float, pvalue: float, equivalent: bool | None, alpha: float)
 def _check_options(confidence: float, margin: float, alpha: float, margins: Mapping[str, float] | None = None) -> None:
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
-    fraction("margin", margin, closed=False)
+    POINTS.check_margin("margin", margin)
     if margins is not None and not isinstance(margins, Mapping):
         raise ValueError(f"margins must map a metric name to its margin, got {margins!r}")
     family_level(confidence)

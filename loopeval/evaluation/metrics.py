@@ -34,19 +34,24 @@ class Unit:
     digits: int = 4
     fraction: bool = False
 
-    def show(self, x: float | None, *, signed: bool = False) -> str:
-        """``x`` (a stored value) as shown: ``POINTS.show(0.041, signed=True) == '+4.1'``; ``'–'`` for None."""
+    def show(self, x: float | None, *, signed: bool = False, digits: int | None = None) -> str:
+        """``x`` (a stored value) as shown, the one formatter of every table, report and
+        message: ``POINTS.show(0.041, signed=True) == '+4.1'``; ``digits`` overrides the
+        unit's (``POINTS.show(0.9, digits=0) == '90'``); ``'–'`` for None."""
         if x is None or (isinstance(x, float) and math.isnan(x)):
             return "–"
-        value = round(self.scale * x, self.digits) + 0.0  # + 0.0 turns -0.0 into 0.0
-        return f"{value:+.{self.digits}f}" if signed else f"{value:.{self.digits}f}"
+        digits = self.digits if digits is None else digits
+        value = round(self.scale * x, digits) + 0.0  # + 0.0 turns -0.0 into 0.0
+        return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
     def amount(self, x: float, *, signed: bool = False) -> str:
         """``x`` with the unit's name: ``'2.0 points'``, ``'0.0050 nats per byte'``."""
         return f"{self.show(x, signed=signed)} {self.name}"
 
     def check_margin(self, name: str, value) -> float:
-        """A margin in this unit: a fraction in (0, 1) for a fraction, else any positive number."""
+        """A margin (or a difference to detect) in this unit, the one check of every such amount
+        (a study's ``statistics.margin``/``margins``, ``--margin``, ``--delta``, the library's
+        ``margin``): a fraction in (0, 1) for a fraction, else any positive number."""
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
         if ok and (not self.fraction or value < 1):
             return float(value)

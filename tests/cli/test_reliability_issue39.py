@@ -218,3 +218,26 @@ def test_protocol_refuses_one_checkpoint_listed_as_two_seeds_by_content(study_wo
                      r".*; one checkpoint is one seed", err), err
     (copy / "model.safetensors").write_bytes((copy / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\x40")
     assert main(["protocol", str(path), "--dry-run"]) == 0  # another seed's weights
+
+
+@pytest.mark.parametrize("value", ["2", "0", "1", "-0.5"])
+def test_a_margin_is_refused_alike_by_a_study_the_library_and_every_command(tmp_path, capsys, value):
+    """One check of an accuracies' margin (Unit.check_margin): the same reason whatever the door."""
+    import yaml
+
+    from loopeval.analysis.compared import compare_runs
+    from loopeval.tools.study import load_study
+
+    reasons = []
+    for command in SIBLINGS:
+        args = SIBLINGS[command] + (["--out", str(tmp_path / "r.html")] if command == "report" else [])
+        assert main(args + [FLAG[command], value]) == 2
+        reasons.append(capsys.readouterr().err.split(": expected ", 1)[1].strip())
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"output": "out", "tasks": ["t"], "models": [{"name": "a", "role": "twin", "path": "a"}],
+                                    "statistics": {"margin": float(value)}}))
+    for call in (lambda: load_study(path), lambda: compare_runs(RUNS / "twin", RUNS / "looped", margin=float(value))):
+        with pytest.raises(ValueError) as info:
+            call()
+        reasons.append(str(info.value).split(": expected ", 1)[1])
+    assert len(set(reasons)) == 1 and reasons[0].startswith("a fraction in (0, 1)"), reasons
