@@ -28,8 +28,9 @@ from loopeval.core.gguf_header import GGUFHeader, check_header
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
 IMPORT_RECORD = "gguf_import.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-"""Files transformers takes a tokenizer from in a folder, before a ``gguf_file``'s own tokenizer."""
+TOKENIZER_FILE = "tokenizer.json"
+"""The file transformers takes a tokenizer from in a folder before a ``gguf_file``'s own
+(``TokenizersBackend.__init__``: ``tokenizer_file``, then ``gguf_file``)."""
 _TOKEN_SAMPLE = 256
 """Token ids compared between a folder's tokenizer and the GGUF's token list."""
 
@@ -106,27 +107,35 @@ def check_gguf_folder(folder: str | Path, gguf_file: str) -> GGUFHeader:
 
 def check_gguf_tokenizer(folder: str | Path, gguf_file: str, tokenizer: str | Path | None = None) -> None:
     """The tokenizer a GGUF model will be given is the file's, checked before any weights load:
-    ``tokenizer`` (a path or hub id), else the folder's tokenizer files (transformers prefers
-    them to the file's), else the file's own ``tokenizer.ggml.*`` metadata, which must then
-    be there. A tokenizer with more tokens than the file's embedding has rows, or whose
+    ``tokenizer`` (a path or hub id), else the folder's :data:`TOKENIZER_FILE` (transformers
+    prefers it to the file's), else the file's own ``tokenizer.ggml.*`` metadata, which must
+    then be there. A tokenizer with more tokens than the file's embedding has rows, or whose
     tokens differ from the file's token list (most of a fixed sample of ids), belongs to
     another model and is refused, naming both."""
     header = check_gguf_folder(folder, gguf_file)
     path = Path(folder) / gguf_file
     meta = header.metadata
     tokens = meta.get("tokenizer.ggml.tokens")
-    source = tokenizer if tokenizer is not None else (
-        Path(folder) if any((Path(folder) / f).is_file() for f in TOKENIZER_FILES) else None)
-    if source is None:
-        if not isinstance(meta.get("tokenizer.ggml.model"), str) or not isinstance(tokens, list) or not tokens:
-            raise UserError(f"gguf_file={gguf_file}: {path} carries no tokenizer (no tokenizer.ggml.model and "
-                            f"tokenizer.ggml.tokens metadata) and {folder} holds no tokenizer files",
-                            fix=f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json) in {folder}, "
-                            "or give a GGUF exported with its tokenizer")
-        return
+    source = tokenizer if tokenizer is not None else (Path(folder) if (Path(folder) / TOKENIZER_FILE).is_file() else None)
+    if source is None and (not isinstance(meta.get("tokenizer.ggml.model"), str) or not isinstance(tokens, list)
+                           or not tokens):
+        raise UserError(f"gguf_file={gguf_file}: {path} carries no tokenizer (no tokenizer.ggml.model and "
+                        f"tokenizer.ggml.tokens metadata) and {folder} holds no {TOKENIZER_FILE}",
+                        fix=f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json) in {folder}, "
+                        "or give a GGUF exported with its tokenizer")
     from transformers import AutoTokenizer
 
-    given = AutoTokenizer.from_pretrained(str(source))
+    which = (f"the tokenizer of {path}" if source is None else f"the tokenizer {source}" if tokenizer is not None
+             else f"the tokenizer in {source}, which transformers takes before the file's own,")
+    try:  # the tokenizer alone, as the loaders will build it: cheap, and before any weights
+        given = (AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file) if source is None
+                 else AutoTokenizer.from_pretrained(str(source)))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0] or type(exc).__name__
+        raise UserError(f"gguf_file={gguf_file}: {which} does not load ({type(exc).__name__}: {first})",
+                        fix=f"give {gguf_file} with its own model's tokenizer files, or in a folder of its own") from None
+    if source is None:
+        return
     rows, size = _embedding_rows(header), len(given)
     mismatch = size > rows
     if not mismatch and isinstance(tokens, list) and tokens:

@@ -108,12 +108,15 @@ def test_a_gguf_without_a_tokenizer_or_beside_another_models_files_is_refused_be
     bare = tmp_path / "bare"
     bare.mkdir()
     write_tiny_gguf(bare / "m.gguf")
-    with pytest.raises(UserError, match=r"gguf_file=m.gguf: .*m.gguf carries no tokenizer .*holds no tokenizer files; "
+    with pytest.raises(UserError, match=r"gguf_file=m.gguf: .*m.gguf carries no tokenizer .*holds no tokenizer.json; "
                                         r"put the model's tokenizer files"):
         load_model(bare, gguf_file="m.gguf")
     with pytest.raises(UserError, match=r"carries no tokenizer"):
         import_gguf(bare / "m.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    write_tiny_gguf(bare / "m.gguf", tokens=[f"t{i}" for i in range(64)], scores=False)  # no merges, no scores
+    with pytest.raises(UserError, match=r"gguf_file=m.gguf: the tokenizer of .*m.gguf does not load \(KeyError: "):
+        load_model(bare, gguf_file="m.gguf")
 
     other = tmp_path / "other"  # another model's checkpoint: its tokenizer has more tokens than the file's 64 rows
     model, tokenizer = tiny_model(), tiny_tokenizer()
