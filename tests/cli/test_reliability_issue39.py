@@ -241,3 +241,33 @@ def test_a_margin_is_refused_alike_by_a_study_the_library_and_every_command(tmp_
             call()
         reasons.append(str(info.value).split(": expected ", 1)[1])
     assert len(set(reasons)) == 1 and reasons[0].startswith("a fraction in (0, 1)"), reasons
+
+
+TRACE_FAULTS = {  # a line of the looped run's trace, changed: (which line, new text)
+    "a second header": (2, lambda line: line.replace('"kind": "item"', '"kind": "header"')),
+    "an item without kind": (2, lambda line: line.replace('"kind": "item", ', "")),
+    "a field of the wrong type": (2, lambda line: line.replace('"finished": true', '"finished": "yes"')
+                                  .replace('"finished": false', '"finished": "no"')),
+    "bytes that are not UTF-8": (2, lambda line: "\udcff"),
+    "a first line that is an item": (1, lambda line: '{"kind": "item"}'),
+    "an unknown field": (2, lambda line: line.replace('{"', '{"extra": 1, "', 1)),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(TRACE_FAULTS))
+def test_a_trace_not_as_loopeval_writes_it_is_named_with_how_to_remove_it(tmp_path, capsys, fault):
+    import shutil
+
+    shutil.copytree(RUNS / "looped", tmp_path / "looped")
+    trace = sorted((tmp_path / "looped").rglob("loopeval_trace_*.jsonl"))[-1]
+    lines = trace.read_text().splitlines()
+    at, change = TRACE_FAULTS[fault]
+    lines[at - 1] = change(lines[at - 1])
+    assert lines[at - 1] != trace.read_text().splitlines()[at - 1]
+    trace.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b"\n")
+    args = ["report", "--twin", str(RUNS / "twin"), "--looped", str(tmp_path / "looped"), "--out", str(tmp_path / "r.html")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{trace}:{at}:" in err and f"not a trace as loopeval writes it: move {trace.name} out of {trace.parent}, " \
+                                       "or evaluate again" in err, err
+    assert "Traceback" not in err and not (tmp_path / "r.html").exists()
