@@ -93,20 +93,25 @@ def add_metric_option(parser, flag: str, help: str) -> None:
     parser.add_argument(flag, action="append", type=metric_value, default=[], metavar="[METRIC=]VALUE", help=help)
 
 
+def keyed_values(pairs, flag: str, what=lambda key: str(key)) -> dict:
+    """``{key: value}`` of a repeatable ``flag``'s ``(key, value)`` pairs; a key given twice is
+    refused (the last would win silently), naming ``what(key)`` and both values."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{flag} given twice for {what(key)} ({out[key]:g} and {value:g}); give it once"
+                             if isinstance(value, float) else
+                             f"{flag} given twice for {what(key)} ({out[key]!r} and {value!r}); give it once")
+        out[key] = value
+    return out
+
+
 def metric_option(args, flag: str) -> tuple[float | None, dict[str, float]]:
-    """The bare value (``None``: not given) and the named metrics' values of ``flag``; a value
-    given twice for the accuracies or for one metric is refused (the last would win silently)."""
-    bare, named = None, {}
-    for name, value in getattr(args, flag.lstrip("-").replace("-", "_")):
-        if (bare if name is None else named.get(name)) is not None:
-            what = "the accuracies' value" if name is None else f"metric {name}"
-            first = bare if name is None else named[name]
-            raise ValueError(f"{flag} given twice for {what} ({first:g} and {value:g}); give it once")
-        if name is None:
-            bare = value
-        else:
-            named[name] = value
-    return bare, named
+    """The bare value (``None``: not given) and the named metrics' values of ``flag``
+    (:func:`keyed_values`: one value per metric, and one bare value)."""
+    given = keyed_values(getattr(args, flag.lstrip("-").replace("-", "_")), flag,
+                         lambda name: "the accuracies' value" if name is None else f"metric {name}")
+    return given.pop(None, None), given
 
 
 def add_reading_options(p) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from loopeval.cli._common import MARGIN_HELP, add_metric_option, add_reading_options, add_stat_options, metric_option
+from loopeval.cli._common import (MARGIN_HELP, add_metric_option, add_reading_options, add_stat_options, keyed_values,
+                                  metric_option)
 
 
 def add(sub) -> None:
@@ -48,13 +49,14 @@ def add(sub) -> None:
 
 
 def _assignments(pairs: list[str], flag: str, convert) -> dict[str, object]:
-    out = {}
+    """``RUN=VALUE`` pairs of a repeatable flag, one per run (:func:`keyed_values`)."""
+    split = []
     for pair in pairs:
         run, sep, value = pair.rpartition("=")
         if not sep or not run:
             raise ValueError(f"{flag} {pair!r}: expected RUN=VALUE")
-        out[run] = convert(flag, value)
-    return out
+        split.append((run, convert(flag, value)))
+    return keyed_values(split, flag, lambda run: f"run {run}")
 
 
 def run(args) -> int:

@@ -157,6 +157,12 @@ STUDY_CASES = {  # id: (change to the study, environment, the refusal after "stu
     "ray-address-port": ({"ray": {"address": "head:99999"}}, {}, r"ray.address: address='head:99999': expected a Ray address"),
     "ray-address-spaces": ({"ray": {"address": "my head:6379"}}, {}, r"ray.address: address='my head:6379'"),
     "ray-cpus": ({"ray": {"cpus": 0}}, {}, r"ray.cpus: cpus=0: must be > 0"),
+    "device-gpu": ({"lm_eval": {"device": "gpu"}}, {}, r"lm_eval.device: device='gpu': expected a device: cpu, cuda"),
+    "device-number": ({"lm_eval": {"device": 0}}, {}, r"lm_eval.device: device=0: expected a device"),
+    "gen-kwargs-list": ({"lm_eval": {"gen_kwargs": ["temperature=0"]}}, {},
+                        r"lm_eval.gen_kwargs: gen_kwargs=\['temperature=0'\]: expected a mapping of generation settings"),
+    "gen-kwargs-no-value": ({"lm_eval": {"gen_kwargs": "temperature"}}, {}, r"lm_eval.gen_kwargs: gen_kwargs='temperature'"),
+    "gen-kwargs-nested": ({"lm_eval": {"gen_kwargs": {"until": ["a"]}}}, {}, r"lm_eval.gen_kwargs: "),
 }
 
 
@@ -271,3 +277,17 @@ def test_a_trace_not_as_loopeval_writes_it_is_named_with_how_to_remove_it(tmp_pa
     assert f"{trace}:{at}:" in err and f"not a trace as loopeval writes it: move {trace.name} out of {trace.parent}, " \
                                        "or evaluate again" in err, err
     assert "Traceback" not in err and not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize(("flag", "values", "message"), [
+    ("--seed", ["RUN=1", "RUN=2"], r"--seed given twice for run {run} \(1 and 2\); give it once"),
+    ("--variant", ["RUN=a", "RUN=b"], r"--variant given twice for run {run} \('a' and 'b'\); give it once"),
+])
+def test_report_refuses_a_run_assignment_given_twice(tmp_path, capsys, flag, values, message):
+    run = str(RUNS / "looped")
+    args = ["report", "--twin", str(RUNS / "twin"), "--looped", run, "--out", str(tmp_path / "r.html")]
+    for value in values:
+        args += [flag, value.replace("RUN", run)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert re.search(message.format(run=re.escape(run)), err), err

@@ -23,7 +23,7 @@ from pathlib import Path
 from loopeval.analysis.stats.options import DEFAULTS
 from loopeval.common.outputs import aside, folder_lock
 from loopeval.tools.study.plan import Evaluation, check_before_compute, expand, expected_cost, status
-from loopeval.tools.study.spec import RayOptions, Study, as_ray_address, load_study
+from loopeval.tools.study.spec import RayOptions, Study, as_device, as_ray_address, load_study
 
 __all__ = ["StudyResult", "load_study", "run_study"]
 
@@ -60,6 +60,8 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
     study = load_study(path)
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    for device in devices or ():
+        as_device("--devices", device)
     if ray and (devices or workers > 1):
         raise ValueError("--ray schedules the evaluations itself: give it without --workers or --devices")
     on_ray = _ray_options(study, study.ray is not None and not devices and workers == 1 if ray is None else ray)

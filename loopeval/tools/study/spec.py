@@ -7,6 +7,7 @@ complete format, with an example, is docs/protocol.md.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -214,6 +215,10 @@ def load_study(path: str | Path) -> Study:
     if shared_loop:
         raise w.error(f"lm_eval.model_args.{shared_loop[0]}", "a shared loop setting would loop the twin too; "
                       "give the loop in the looped model's entry (base: and loop:)")
+    if lm_eval.get("device") is not None:
+        lm_eval["device"] = w.typed("lm_eval.device", as_device, lm_eval["device"])
+    if lm_eval.get("gen_kwargs") is not None:
+        w.typed("lm_eval.gen_kwargs", as_gen_kwargs, lm_eval["gen_kwargs"])
     for key in ("apply_chat_template", "fewshot_as_multiturn"):
         if key in lm_eval:
             lm_eval[key] = w.typed(f"lm_eval.{key}", as_bool, lm_eval[key])
@@ -340,6 +345,29 @@ def _decoding(w: _Where, entries) -> tuple[DecodingSpec, ...]:
         out.append(DecodingSpec(name, d))
     _check_names(w, "decoding", [d.name for d in out])
     return tuple(out)
+
+
+DEVICE = re.compile(r"cpu|mps|(cuda|xpu)(:[0-9]+)?")
+
+
+def as_device(name: str, value) -> str:
+    """A torch device lm-eval can be given: ``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``xpu[:N]``."""
+    if not isinstance(value, str) or not DEVICE.fullmatch(value.strip()):
+        raise ValueError(f"{name}={value!r}: expected a device: cpu, cuda, cuda:N, mps or xpu[:N]")
+    return value.strip()
+
+
+def as_gen_kwargs(name: str, value) -> dict | str:
+    """lm-eval's ``gen_kwargs``: a mapping of names to numbers, text or booleans, or its
+    ``name=value,...`` text."""
+    pairs = list(value.items()) if isinstance(value, dict) else None
+    if isinstance(value, str):
+        pairs = [part.partition("=")[::2] if "=" in part else (None, part) for part in value.split(",") if part.strip()]
+    if not pairs or any(not isinstance(k, str) or not k.strip() or not isinstance(v, (str, int, float, bool))
+                        for k, v in pairs):
+        raise ValueError(f"{name}={value!r}: expected a mapping of generation settings, or NAME=VALUE,... "
+                         "(e.g. {temperature: 0, max_gen_toks: 256})")
+    return value
 
 
 RAY_ADDRESS_FORMS = "auto, local, HOST:PORT or ray://HOST:PORT"
