@@ -50,6 +50,7 @@ from loopeval.analysis.stats import (
 )
 from loopeval.analysis.stats.display import points, pvalue as show_p
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS, SELECTIONS
+from loopeval.common.errors import UserError
 from loopeval.evaluation.metrics import POINTS, Unit
 
 RunLike = Run | Sequence[Run]
@@ -230,7 +231,7 @@ def check_amounts(paired: PairedRuns, bare: float | None, named: Mapping[str, fl
         by_name.setdefault(paired.metric_name(t), []).append(t)
     for name, value in (named or {}).items():
         if name not in by_name:
-            raise ValueError(f"{flag} {name}=...: no metric {name!r} in these runs (their metrics: "
+            raise UserError(f"{flag} {name}=...: no metric {name!r} in these runs (their metrics: "
                              f"{', '.join(sorted(by_name))})")
         for t in by_name[name]:
             paired.unit(t).check_margin(f"{flag} {name}", value)
@@ -238,7 +239,7 @@ def check_amounts(paired: PairedRuns, bare: float | None, named: Mapping[str, fl
         return
     if not any(paired.unit(t).fraction for t in paired.tasks):
         first = next(iter(by_name))
-        raise ValueError(f"{flag} {bare:g}: a bare value is the accuracies' (a fraction, A.5's ±2 points is 0.02), "
+        raise UserError(f"{flag} {bare:g}: a bare value is the accuracies' (a fraction, A.5's ±2 points is 0.02), "
                          f"and no metric here is an accuracy; give the metric's own in its unit "
                          f"({flag} {first}={bare:g}, in {paired.unit(by_name[first][0]).name})")
     POINTS.check_margin(flag, bare)

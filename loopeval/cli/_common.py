@@ -96,12 +96,14 @@ def add_metric_option(parser, flag: str, help: str) -> None:
 def keyed_values(pairs, flag: str, what=lambda key: str(key)) -> dict:
     """``{key: value}`` of a repeatable ``flag``'s ``(key, value)`` pairs; a key given twice is
     refused (the last would win silently), naming ``what(key)`` and both values."""
+    from loopeval.common.errors import UserError
+
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"{flag} given twice for {what(key)} ({out[key]:g} and {value:g}); give it once"
-                             if isinstance(value, float) else
-                             f"{flag} given twice for {what(key)} ({out[key]!r} and {value!r}); give it once")
+            raise UserError(f"{flag} given twice for {what(key)} ({out[key]:g} and {value:g}); give it once"
+                            if isinstance(value, float) else
+                            f"{flag} given twice for {what(key)} ({out[key]!r} and {value!r}); give it once")
         out[key] = value
     return out
 

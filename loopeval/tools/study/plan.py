@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loopeval.common.args import as_bool
+from loopeval.common.errors import UserError
 from loopeval.evaluation.local_data import check_local_tasks
 from loopeval.tools.study.spec import DecodingSpec, ModelSpec, Study
 
@@ -201,7 +202,7 @@ def _check_seeds(study: Study) -> None:
                json.dumps(loaded_fingerprint(loaded), sort_keys=True))
         if key in seen and seen[key][1].seed != m.seed:
             j, other = seen[key]
-            raise ValueError(f"{study.path}: models[{i}] ({m.name}, seed {m.seed}) is the checkpoint of models[{j}] "
+            raise UserError(f"{study.path}: models[{i}] ({m.name}, seed {m.seed}) is the checkpoint of models[{j}] "
                              f"({other.name}, seed {other.seed}): the same content ({m.path}); one checkpoint is one "
                              "seed: list it once, or give each seed's own checkpoint")
         seen.setdefault(key, (i, m))
@@ -227,14 +228,14 @@ def _check_margins(study: Study) -> None:
     for metric, value in margins.items():
         key = f"{study.path}: statistics.margins.{metric}"
         if metric not in known and None not in mains.values():
-            raise ValueError(f"{key}: no task of this study reports metric {metric!r} (their metrics: "
+            raise UserError(f"{key}: no task of this study reports metric {metric!r} (their metrics: "
                              f"{', '.join(f'{t} {m}' for t, m in sorted(mains.items()))}); name a task's metric")
         unit = declared_unit(metric)
         if unit is not None:
             try:
                 unit.check_margin(f"margins.{metric}", value)
             except ValueError as exc:
-                raise ValueError(f"{key}: {exc}") from None
+                raise UserError(f"{key}: {exc}") from None
 
 
 def _check_chat_templates(study: Study, evaluations: list[Evaluation]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from loopeval.common.args import TRUE, as_bool, as_field, as_float, as_int
-from loopeval.common.errors import whole_number
+from loopeval.common.errors import UserError, whole_number
 from loopeval.core.spec import LOOP_OPTIONS, option_fields
 from loopeval.evaluation.identity import INTENDED
 from loopeval.evaluation.settings import DECODING_OPTIONS, DecodingOptions
@@ -96,8 +96,8 @@ class _Where:
     def __init__(self, file: Path):
         self.file = file
 
-    def error(self, key: str, message: str) -> ValueError:
-        return ValueError(f"{self.file}: {key}: {message}")
+    def error(self, key: str, message: str) -> UserError:
+        return UserError(f"{self.file}: {key}: {message}")
 
     def mapping(self, value, key: str, allowed) -> dict:
         if not isinstance(value, dict):
