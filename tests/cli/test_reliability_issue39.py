@@ -291,3 +291,11 @@ def test_report_refuses_a_run_assignment_given_twice(tmp_path, capsys, flag, val
     assert main(args) == 2
     err = capsys.readouterr().err
     assert re.search(message.format(run=re.escape(run)), err), err
+
+
+@pytest.mark.parametrize("name", ["test.jsonl", "test.json"])
+def test_local_tasks_reads_json_after_a_byte_order_mark(tmp_path, name):
+    row = {"question": "What is it?", "answer": "#### 18"}
+    text = json.dumps([row]) if name.endswith(".json") else json.dumps(row) + "\n"
+    data = _gsm8k_data(tmp_path, name, b"\xef\xbb\xbf" + text.encode())
+    assert main(["local-tasks", "--data", str(data), "--out", str(tmp_path / "t"), "--tasks", "gsm8k_boxed"]) == 0
