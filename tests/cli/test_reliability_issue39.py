@@ -299,3 +299,38 @@ def test_local_tasks_reads_json_after_a_byte_order_mark(tmp_path, name):
     text = json.dumps([row]) if name.endswith(".json") else json.dumps(row) + "\n"
     data = _gsm8k_data(tmp_path, name, b"\xef\xbb\xbf" + text.encode())
     assert main(["local-tasks", "--data", str(data), "--out", str(tmp_path / "t"), "--tasks", "gsm8k_boxed"]) == 0
+
+
+GGUF_FOLDERS = {  # id: (write_tiny_gguf options, files beside the GGUF, the refusal)
+    "no tokenizer": ({}, {}, r"carries no tokenizer \(no tokenizer.ggml.model and tokenizer.ggml.tokens metadata\) "
+                             r"and .* holds no tokenizer.json; put the model's tokenizer files"),
+    "tokens without merges or scores": ({"tokens": [f"t{i}" for i in range(64)], "scores": False}, {},
+                                        r"the tokenizer of .*m.gguf does not load \(KeyError: "),
+    "another model's config": ({}, {"config.json": json.dumps({"num_hidden_layers": 30, "vocab_size": 49152})},
+                               r"config.json describes another model than .*m.gguf \(layers 30 vs 2, vocabulary "
+                               r"49152 vs 64\)"),
+    "a config that is not JSON": ({}, {"config.json": "{"}, r"config.json: not a JSON config"),
+    "a tokenizer.json that is not JSON": ({}, {"tokenizer.json": "{"}, r"the tokenizer in .*, which transformers takes "
+                                                                      r"before the file's own, does not load"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GGUF_FOLDERS))
+def test_import_gguf_refuses_a_file_whose_folder_or_tokenizer_is_not_its_own(tmp_path, capsys, monkeypatch, case):
+    import transformers
+    from support import write_tiny_gguf
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    options, files, message = GGUF_FOLDERS[case]
+    folder = tmp_path / "g"
+    folder.mkdir()
+    write_tiny_gguf(folder / "m.gguf", **options)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    assert main(["import-gguf", str(folder / "m.gguf"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
