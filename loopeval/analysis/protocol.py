@@ -232,7 +232,7 @@ def check_amounts(paired: PairedRuns, bare: float | None, named: Mapping[str, fl
     for name, value in (named or {}).items():
         if name not in by_name:
             raise UserError(f"{flag} {name}=...: no metric {name!r} in these runs (their metrics: "
-                             f"{', '.join(sorted(by_name))})")
+                            f"{', '.join(sorted(by_name))})")
         for t in by_name[name]:
             paired.unit(t).check_margin(f"{flag} {name}", value)
     if bare is None:
@@ -240,8 +240,8 @@ def check_amounts(paired: PairedRuns, bare: float | None, named: Mapping[str, fl
     if not any(paired.unit(t).fraction for t in paired.tasks):
         first = next(iter(by_name))
         raise UserError(f"{flag} {bare:g}: a bare value is the accuracies' (a fraction, A.5's ±2 points is 0.02), "
-                         f"and no metric here is an accuracy; give the metric's own in its unit "
-                         f"({flag} {first}={bare:g}, in {paired.unit(by_name[first][0]).name})")
+                        f"and no metric here is an accuracy; give the metric's own in its unit "
+                        f"({flag} {first}={bare:g}, in {paired.unit(by_name[first][0]).name})")
     POINTS.check_margin(flag, bare)
 
 

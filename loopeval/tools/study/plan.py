@@ -142,10 +142,9 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
     study names the difference in ``intended_differences``), twins share their training
     manifest, the data of local tasks (``loopeval local-tasks``) reads, and no finished
     folder was made with other settings."""
+    from loopeval.common.threads import requested_threads
     from loopeval.core.loop import resolve_loop
     from loopeval.training.manifest import find_manifest, twin_mismatches
-
-    from loopeval.common.threads import requested_threads
 
     requested_threads()  # a bad LOOPEVAL_THREADS / OMP_NUM_THREADS, refused on a dry run as on a run
     _check_tasks(study)
@@ -203,8 +202,8 @@ def _check_seeds(study: Study) -> None:
         if key in seen and seen[key][1].seed != m.seed:
             j, other = seen[key]
             raise UserError(f"{study.path}: models[{i}] ({m.name}, seed {m.seed}) is the checkpoint of models[{j}] "
-                             f"({other.name}, seed {other.seed}): the same content ({m.path}); one checkpoint is one "
-                             "seed: list it once, or give each seed's own checkpoint")
+                            f"({other.name}, seed {other.seed}): the same content ({m.path}); one checkpoint is one "
+                            "seed: list it once, or give each seed's own checkpoint")
         seen.setdefault(key, (i, m))
 
 
@@ -229,7 +228,7 @@ def _check_margins(study: Study) -> None:
         key = f"{study.path}: statistics.margins.{metric}"
         if metric not in known and None not in mains.values():
             raise UserError(f"{key}: no task of this study reports metric {metric!r} (their metrics: "
-                             f"{', '.join(f'{t} {m}' for t, m in sorted(mains.items()))}); name a task's metric")
+                            f"{', '.join(f'{t} {m}' for t, m in sorted(mains.items()))}); name a task's metric")
         unit = declared_unit(metric)
         if unit is not None:
             try:
