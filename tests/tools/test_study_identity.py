@@ -54,9 +54,14 @@ def _study(root: Path, **changes) -> Path:
 
 
 @pytest.fixture
-def done(world, tmp_path):
+def done(world, tmp_path, monkeypatch):
     """A copy of the world with one evaluation finished (its settings recorded as the runner
-    records them); returns a function giving that evaluation's status now."""
+    records them); returns a function giving that evaluation's status now. Its outputs are
+    taken as complete (``plan.incomplete``, tested in test_study.py): these tests are of the
+    settings' identity alone."""
+    from loopeval.tools.study import plan
+
+    monkeypatch.setattr(plan, "incomplete", lambda evaluation, study: None)
     root = tmp_path / "w"
     shutil.copytree(world, root)
     (root / "tasks" / "tiny_id.yaml").write_text(
