@@ -334,3 +334,14 @@ def test_import_gguf_refuses_a_file_whose_folder_or_tokenizer_is_not_its_own(tmp
     err = capsys.readouterr().err
     assert re.search(message, err) and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_protocol_refuses_a_device_list_naming_the_bad_device(study_world, tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"output": str(tmp_path / "out"), "tasks": ["tiny_m"],
+                                    "include_path": [str(study_world / "tasks")],
+                                    "models": [{"name": "m", "role": "twin", "path": str(study_world / "model")}]}))
+    assert main(["protocol", str(path), "--dry-run", "--devices", "cuda:0,gpu"]) == 2
+    assert "--devices='gpu': expected a device: cpu, cuda, cuda:N, mps or xpu[:N]" in capsys.readouterr().err
