@@ -345,3 +345,9 @@ def test_protocol_refuses_a_device_list_naming_the_bad_device(study_world, tmp_p
                                     "models": [{"name": "m", "role": "twin", "path": str(study_world / "model")}]}))
     assert main(["protocol", str(path), "--dry-run", "--devices", "cuda:0,gpu"]) == 2
     assert "--devices='gpu': expected a device: cpu, cuda, cuda:N, mps or xpu[:N]" in capsys.readouterr().err
+
+
+def test_the_docs_list_every_test_of_this_file():
+    docs = (Path(__file__).parents[2] / "docs" / "reliability.md").read_text()
+    names = re.findall(r"^def (test_\w+)", Path(__file__).read_text(), re.M)
+    assert [n for n in names if n not in docs] == [], "docs/reliability.md lacks these tests"
