@@ -344,6 +344,15 @@ def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path, monke
         loaded = load_study(tmp_path / "study.yaml")
         if pilot:
             check_before_compute(loaded, expand(loaded))
+            # a bare margin where every task is scored by a continuous metric: refused now, not by the report
+            (tmp_path / "study.yaml").write_text(yaml.safe_dump({**study, "pilot": True,
+                                                                 "statistics": {"margin": 0.03}}))
+            loaded = load_study(tmp_path / "study.yaml")
+            with pytest.raises(ValueError, match=r"statistics.margin: 0.03 is the accuracies' margin, and no task of "
+                                                 r"this study is scored by an accuracy \(gsm8k_nll nll_per_byte\); give "
+                                                 r"the metric's own in its unit \(statistics.margins: "
+                                                 r"\{nll_per_byte: 0.03\}, in nats per byte\)"):
+                check_before_compute(loaded, expand(loaded))
             continue
         with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: its data holds 4 of the task's 1319 test items "
                                              r"\(a local file with a subset\?\); .* set pilot: true"):

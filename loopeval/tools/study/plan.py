@@ -210,14 +210,17 @@ def _check_seeds(study: Study) -> None:
 def _check_margins(study: Study) -> None:
     """Each of ``statistics.margins`` names the main metric (lm-eval's first) of a task of the
     study, its value in that metric's unit where the unit is known before any score
-    (:func:`loopeval.evaluation.metrics.declared_unit`; the report checks the rest on the
-    scores, :func:`loopeval.analysis.protocol.check_amounts`)."""
+    (:func:`loopeval.evaluation.metrics.declared_unit`), and a ``statistics.margin`` other than
+    A.5's is refused where every task is known to be scored by a continuous metric: the rule
+    of :func:`loopeval.analysis.protocol.check_amounts`, which the report applies to the scores."""
     from lm_eval.tasks import get_task_dict
 
     from loopeval.evaluation.metrics import declared_unit
 
-    margins = study.stat_options.margins
-    if not margins:
+    from loopeval.analysis.stats.options import DEFAULTS
+
+    margins, margin = study.stat_options.margins, study.stat_options.margin
+    if not margins and margin == DEFAULTS.margin:
         return
     mains = {}
     for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items():
@@ -235,6 +238,13 @@ def _check_margins(study: Study) -> None:
                 unit.check_margin(f"margins.{metric}", value)
             except ValueError as exc:
                 raise UserError(f"{key}: {exc}") from None
+    units = [declared_unit(m) if isinstance(m, str) else None for m in mains.values()]
+    if margin != DEFAULTS.margin and units and None not in units and not any(u.fraction for u in units):
+        first = next(iter(mains.values()))
+        raise UserError(f"{study.path}: statistics.margin: {margin:g} is the accuracies' margin, and no task of this "
+                        f"study is scored by an accuracy ({', '.join(f'{t} {m}' for t, m in sorted(mains.items()))})",
+                        fix=f"give the metric's own in its unit (statistics.margins: {{{first}: {margin:g}}}, in "
+                        f"{declared_unit(first).name})")
 
 
 def _check_chat_templates(study: Study, evaluations: list[Evaluation]) -> None:
