@@ -195,14 +195,21 @@ def write_generate_task(folder, name: str, rows: list[dict], *, max_gen_toks: in
     }))
 
 
-def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()):
-    """A tiny float32 GGUF of ``arch`` written by the gguf library (an independent writer)."""
+def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=(), vocab=64, tokens=None, scores=True):
+    """A tiny float32 GGUF of ``arch`` written by the gguf library (an independent writer);
+    ``tokens`` (a list of token strings) is written as its ``gpt2`` tokenizer's token list,
+    with scores by position (transformers derives a byte-level BPE's merges from them)."""
     import numpy as np
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(0)
-    heads, kv, ff, vocab = 4, 2, 96, 64
+    heads, kv, ff = 4, 2, 96
     w = GGUFWriter(str(path), arch)
+    if tokens is not None:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(tokens)
+        if scores:  # transformers derives the merges from them
+            w.add_token_scores([-float(i) for i in range(len(tokens))])
     w.add_block_count(blocks)
     w.add_context_length(128)
     w.add_embedding_length(width)

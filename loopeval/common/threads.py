@@ -39,6 +39,8 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from loopeval.common.errors import UserError, whole_number
+
 ENV_VARS = ("LOOPEVAL_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 MAX_PER_CORE = 4
 """A thread count above this many per available core is refused (oversubscription only
@@ -99,14 +101,14 @@ def check_threads(value, name: str = "threads") -> int:
     """``value`` (an int, or the text of one) as a thread count, or ``ValueError`` naming
     ``name``: a whole number from 1 to ``MAX_PER_CORE`` times the available cores."""
     n = None
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        n = int(value.strip())
+    if isinstance(value, str):
+        n = whole_number(value)
     elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
         n = int(value)
     limit = MAX_PER_CORE * available_cores()
     if n is None or not 1 <= n <= limit:
-        raise ValueError(f"{name}={value!r}: expected a whole number of threads from 1 to {limit} "
-                         f"({MAX_PER_CORE} per available core)")
+        raise UserError(f"{name}={value!r}: expected a whole number of threads from 1 to {limit} "
+                        f"({MAX_PER_CORE} per available core), in ASCII digits", fix=f"set {name} to such a number or unset it")
     return n
 
 

@@ -197,7 +197,7 @@ def test_resources_per_evaluation(world, tmp_path):  # noqa: F811
     ({"gpu": 1}, r"study.yaml: ray.gpu: unknown key; ray takes address, cpus, gpus, retries"),
     ({"cpus": 0}, r"study.yaml: ray.cpus: cpus=0: must be > 0"),
     ({"retries": -1}, r"study.yaml: ray.retries: retries=-1: must be >= 0"),
-    ([1], r"study.yaml: ray: expected a mapping, got list"),
+    ([1], r"study.yaml: ray: \[1\]: expected true, an address \(auto, local, HOST:PORT or ray://HOST:PORT\) or a mapping"),
 ])
 def test_bad_ray_options_name_the_key(world, tmp_path, ray, message):  # noqa: F811
     with pytest.raises(ValueError, match=message):
