@@ -166,8 +166,9 @@ def _trace_index(folders: Sequence[Path], window: tuple[float, float] | None, mo
     return index, foreign, tuple(t.header for t in inside)
 
 
-def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict, tuple],
-               cluster_field: str | None, allow_subset: bool = False) -> TaskScores:
+def _item_counts(task: str, results: dict, results_file: Path, allow_subset: bool) -> tuple[int, int, int]:
+    """The task's items as lm-eval counted them (``n-samples``: original, effective) and its
+    full test set's; a run short of the full test set is refused unless ``allow_subset``."""
     n_samples = results.get("n-samples", {})
     if not isinstance(n_samples, dict):
         raise ValueError(f"{results_file}: field 'n-samples' is a {type(n_samples).__name__}, expected a mapping "
@@ -189,11 +190,11 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         raise ValueError(
             f"{results_file}: task {task}: {how}; every evaluation must cover all of its items (a pilot: --allow-subset)"
         )
-    key = _metric_key(task, results["results"].get(task, {}), metric)
-    direction = results.get("higher_is_better", {}).get(task, {}).get(key.split(",", 1)[0], True)
-    if direction is None:
-        raise ValueError(f"{results_file}: task {task}: metric {key} has no direction (higher_is_better: null), "
-                         "so it cannot be compared; pick another metric")
+    return original, effective, full
+
+
+def _samples(task: str, results_file: Path, key: str, effective: int) -> tuple[Path, dict[int, dict]]:
+    """The task's samples file beside ``results_file`` and its items (:func:`_read_samples`), all ``effective`` of them."""
     samples_path = results_file.with_name(f"samples_{task}_{_stamp(results_file)}.jsonl")
     if not samples_path.exists():
         raise ValueError(
@@ -201,7 +202,6 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
             "--log_samples); evaluate again with --log_samples (loopeval protocol re-runs a study's evaluation)"
         )
     items = _read_samples(samples_path, key)
-    config = results["configs"].get(task) or {}
     if len(items) != effective:
         present = set(items)
         missing = sorted(set(range(effective)) - present)[:5]
@@ -210,6 +210,14 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
             + (f" (missing doc_id {', '.join(map(str, missing))}...)" if missing else "")
             + "; every evaluation must cover all of its items"
         )
+    return samples_path, items
+
+
+def _benchmark_items(task: str, samples_path: Path, items: dict[int, dict], full: int,
+                     allow_subset: bool) -> tuple[np.ndarray, list[dict], tuple[int, ...], tuple[int, ...]]:
+    """The items sorted by ``doc_id`` (a repeated item kept once), the doc_ids not in the
+    task's test set and those repeating an earlier item (:func:`loopeval.evaluation.metrics.check_items`);
+    either kind is refused unless ``allow_subset``."""
     doc_ids = np.array(sorted(items))
     recs = [items[d] for d in doc_ids]
     check = check_items(task, [r["doc"] for r in recs])
@@ -223,16 +231,36 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
     if duplicated:  # a repeated item is one item: counted once, in every statistic
         keep = [i for i, d in enumerate(doc_ids) if int(d) not in set(duplicated)]
         doc_ids, recs = doc_ids[keep], [recs[i] for i in keep]
+    return doc_ids, recs, outside, duplicated
+
+
+def _clusters(task: str, samples_path: Path, doc_ids: np.ndarray, recs: list[dict],
+              cluster_field: str | None) -> tuple[str, ...] | None:
+    """Each item's value of the doc field ``cluster_field`` (``None`` without one); every item must have it."""
+    if cluster_field is None:
+        return None
+    missing = [int(d) for d, r in zip(doc_ids, recs) if not isinstance(r["doc"], dict) or cluster_field not in r["doc"]]
+    if missing:
+        raise ValueError(f"task {task}: {samples_path}: doc_id {missing[0]} has no doc field {cluster_field!r} "
+                         f"to cluster on ({len(missing)} of {len(recs)} items lack it)")
+    return tuple(str(r["doc"][cluster_field]) for r in recs)
+
+
+def _load_task(task: str, results: dict, results_file: Path, metric: str | None, traces: tuple[dict, dict, tuple],
+               cluster_field: str | None, allow_subset: bool = False) -> TaskScores:
+    original, effective, full = _item_counts(task, results, results_file, allow_subset)
+    key = _metric_key(task, results["results"].get(task, {}), metric)
+    direction = results.get("higher_is_better", {}).get(task, {}).get(key.split(",", 1)[0], True)
+    if direction is None:
+        raise ValueError(f"{results_file}: task {task}: metric {key} has no direction (higher_is_better: null), "
+                         "so it cannot be compared; pick another metric")
+    samples_path, items = _samples(task, results_file, key, effective)
+    config = results["configs"].get(task) or {}
+    doc_ids, recs, outside, duplicated = _benchmark_items(task, samples_path, items, full, allow_subset)
     prompt_hashes = tuple(r["hashes"][2] for r in recs)
     index, foreign, _ = traces
     joined = tuple(index.get((task, int(d), h), (None, None, ()))[2] for d, h in zip(doc_ids, prompt_hashes))
-    clusters = None
-    if cluster_field is not None:
-        missing = [int(d) for d, r in zip(doc_ids, recs) if not isinstance(r["doc"], dict) or cluster_field not in r["doc"]]
-        if missing:
-            raise ValueError(f"task {task}: {samples_path}: doc_id {missing[0]} has no doc field {cluster_field!r} "
-                             f"to cluster on ({len(missing)} of {len(recs)} items lack it)")
-        clusters = tuple(str(r["doc"][cluster_field]) for r in recs)
+    clusters = _clusters(task, samples_path, doc_ids, recs, cluster_field)
     return TaskScores(
         task=task,
         metric=key,
