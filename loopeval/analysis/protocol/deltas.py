@@ -12,7 +12,7 @@ import numpy as np
 
 from loopeval.analysis.protocol.rows import RunComparison, _check_options, _outcome, compare, single_kind
 from loopeval.analysis.runs import PairedRuns, Run, pair_runs
-from loopeval.analysis.stats import BestCheaperResult, best_cheaper_bootstrap, holm
+from loopeval.analysis.stats import BestCheaperResult, Resampler, best_cheaper_bootstrap, holm
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS, SELECTIONS
 
 RunLike = Run | Sequence[Run]
@@ -116,22 +116,7 @@ def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *
     resamples; the deciding p-values are Holm-corrected over the looped evaluations.
     The tasks' metrics must be of one kind (one unit): the test decides on their macro.
     """
-    if cost not in COST_MODES:
-        raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
-    if selection not in SELECTIONS:
-        raise ValueError(f"selection {selection!r}: choose one of {', '.join(SELECTIONS)}")
-    clash = set(looped) & set(unlooped)
-    if clash:
-        raise ValueError(f"names used for both looped and unlooped runs: {sorted(clash)}")
-    if not looped or not unlooped:
-        raise ValueError("delta_flop needs at least one looped and one unlooped evaluation")
-    twins = dict(twins or {})
-    for loop, twin in twins.items():
-        if loop not in looped or twin not in unlooped:
-            raise ValueError(f"twins: {loop!r} -> {twin!r} must map a looped name to an unlooped name")
-    for name in costlier:
-        if name not in unlooped:
-            raise ValueError(f"costlier: {name!r} is not an unlooped evaluation")
+    twins = _check_flop_arguments(unlooped, looped, twins, costlier, cost, selection)
     _check_options(confidence, margin, alpha, margins)
     paired = pair_runs({**looped, **unlooped}, tasks=tasks)
     single_kind(paired, "ΔFLOP")
@@ -146,14 +131,7 @@ def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *
     rs = paired.resampler(n_resamples=n_resamples, seed=seed)
     options = dict(resampler=rs, confidence=confidence, family=family, margin=margin, alpha=alpha, margins=margins)
     pool = {u: costs[u] for u in unlooped}
-
-    def choose(loop: str, how: str) -> BestCheaperResult | None:
-        return best_cheaper_bootstrap(rs, loop, pool, costs[loop], selection=how, confidence=confidence, family=family)
-
-    chosen = {loop: (choose(loop, "fixed"), choose(loop, "resampled")) for loop in looped}
-    deciding = {loop: (pair[0] if selection == "fixed" else pair[1]) for loop, pair in chosen.items()
-                if pair[0] is not None}
-    adjusted = dict(zip(deciding, holm([r.pvalue for r in deciding.values()])))
+    chosen, deciding, adjusted = _comparators(rs, looped, pool, costs, selection, confidence, family)
     out = []
     for loop in looped:
         fixed, resampled = chosen[loop]
@@ -186,6 +164,45 @@ def delta_flop(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike], *
             outcome=outcome,
         ))
     return tuple(out)
+
+
+def _check_flop_arguments(unlooped: Mapping[str, RunLike], looped: Mapping[str, RunLike],
+                          twins: Mapping[str, str] | None, costlier: Sequence[str], cost: str,
+                          selection: str) -> dict[str, str]:
+    """:func:`delta_flop`'s cost mode, selection and names checked before any run is read; ``twins`` as a dict."""
+    if cost not in COST_MODES:
+        raise ValueError(f"cost {cost!r}: choose one of {', '.join(COST_MODES)}")
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection {selection!r}: choose one of {', '.join(SELECTIONS)}")
+    clash = set(looped) & set(unlooped)
+    if clash:
+        raise ValueError(f"names used for both looped and unlooped runs: {sorted(clash)}")
+    if not looped or not unlooped:
+        raise ValueError("delta_flop needs at least one looped and one unlooped evaluation")
+    twins = dict(twins or {})
+    for loop, twin in twins.items():
+        if loop not in looped or twin not in unlooped:
+            raise ValueError(f"twins: {loop!r} -> {twin!r} must map a looped name to an unlooped name")
+    for name in costlier:
+        if name not in unlooped:
+            raise ValueError(f"costlier: {name!r} is not an unlooped evaluation")
+    return twins
+
+
+def _comparators(rs: Resampler, looped: Mapping[str, RunLike], pool: Mapping[str, float], costs: Mapping[str, float],
+                 selection: str, confidence: float, family: tuple[int, str] | None) -> tuple[dict, dict, dict]:
+    """Each loop's best cheaper comparator chosen once and in every resample (``(fixed,
+    resampled)``), the deciding one of the loops that have a cheaper comparator (``selection``),
+    and its p Holm-adjusted over those loops."""
+
+    def choose(loop: str, how: str) -> BestCheaperResult | None:
+        return best_cheaper_bootstrap(rs, loop, pool, costs[loop], selection=how, confidence=confidence, family=family)
+
+    chosen = {loop: (choose(loop, "fixed"), choose(loop, "resampled")) for loop in looped}
+    deciding = {loop: (pair[0] if selection == "fixed" else pair[1]) for loop, pair in chosen.items()
+                if pair[0] is not None}
+    adjusted = dict(zip(deciding, holm([r.pvalue for r in deciding.values()])))
+    return chosen, deciding, adjusted
 
 
 def _costs(paired: PairedRuns, mode: str, flops_per_token: Mapping[str, float]) -> dict[str, float]:
