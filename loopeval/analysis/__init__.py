@@ -1,1 +1,1 @@
-"""Floor 4, analysis: runs (load, join, pair), paired statistics, the two tests, the report."""
+"""Floor 5, analysis: runs (load, join, pair), paired statistics, the two tests, the report."""
