@@ -89,7 +89,7 @@ def test_validating_files_imports_no_torch(module):
 def test_loop_options_reach_every_consumer():
     """Adding a LoopConfig field adds a model arg, a study key and a stored key, without edits."""
     from loopeval.core.spec import LOOP_OPTIONS, LoopConfig
-    from loopeval.evaluation.model_adapters.looped import LoopedArgs
+    from loopeval.evaluation.model_args import LoopedArgs
     from loopeval.tools.study.spec import MODEL_KEYS
 
     assert LOOP_OPTIONS == tuple(f.name for f in fields(LoopConfig))[1:]
@@ -102,7 +102,7 @@ def test_loop_options_reach_every_consumer():
 
 
 def test_decoding_options_reach_every_consumer():
-    from loopeval.evaluation.model_adapters.looped import LoopedArgs
+    from loopeval.evaluation.model_args import LoopedArgs
     from loopeval.evaluation.settings import DECODING_OPTIONS
     from loopeval.evaluation.trace import SHARED
 

@@ -72,7 +72,7 @@ def _samples(result, task):
 
 
 def _engine(path, **kwargs):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     kwargs.setdefault("batch_size", 8)
     return LoopedLM(pretrained=str(path), engine="vllm", dtype="float32", enforce_eager=True, max_model_len=1024,
@@ -179,7 +179,7 @@ def test_looped_gemma3_equals_the_hf_path(tmp_path, loop):
          loop_mix_source="embedding"),
 ], ids=["repeat", "damped", "sub-layer-mix"])
 def test_engine_equals_the_hf_path_with_forcing_and_the_repetition_stop(workdir, evaluate, tmp_path, loop):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
     from loopeval.evaluation.trace import find_traces
 
     rules = dict(**loop, budget_forcing=True, bf_reserve=20, repetition_stop=True)
@@ -232,7 +232,7 @@ def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
     from lm_eval.tasks import TaskManager
 
     from loopeval.evaluation.local_data import write_local_tasks
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
     from real.conftest import GSM8K_8, _absent, _smollm2_file, imported
 
     gguf = _smollm2_file()

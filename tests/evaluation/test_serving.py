@@ -286,7 +286,8 @@ def test_two_checkpoints_are_compared_with_the_first(checkpoints):
 
 
 def test_lm_eval_model_passes_cache_and_compile_to_generate_and_records_them(checkpoints, tmp_path, monkeypatch):
-    from loopeval.evaluation.model_adapters.looped import LoopedArgs, LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
+    from loopeval.evaluation.model_args import LoopedArgs
 
     assert LoopedArgs.parse({"cache_implementation": "static", "compile": "true"}).compile is True
     with pytest.raises(ValueError, match=r"cache_implementation='paged': choose one of dynamic, static"):
@@ -309,7 +310,7 @@ def test_lm_eval_static_cache_generates_what_the_dynamic_cache_does(checkpoints,
     from lm_eval.tasks import TaskManager
 
     from support import write_generate_task
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     rows = [{"question": q, "answer": "7"} for q in ("What is 3 + 4?", "Tom has 3 apples.", "2 + 2 =")]
     write_generate_task(tmp_path, "tiny_gen", rows, max_gen_toks=8)

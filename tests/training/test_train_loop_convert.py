@@ -236,7 +236,7 @@ def test_collapse_episodes_and_monitor():
 
 
 def test_exit_after_equals_the_loop_run_k_steps(pair, tokenizer):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     _, looped = pair
     lm = LoopedLM(pretrained=str(looped.path), exit_after=2, device="cpu", batch_size=2)
@@ -257,7 +257,7 @@ def test_exit_after_equals_the_loop_run_k_steps(pair, tokenizer):
 
 
 def test_exit_after_bad_input(pair, work):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     _, looped = pair
     with pytest.raises(ValueError, match=r"exit_after=4: larger than the loop's step count; window 0:6x3"):
