@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 from loopeval.cli._common import add_loop_options, int_list, loop_options
-from loopeval.evaluation.serving import CACHES, ENGINES
+from loopeval.evaluation.model_args import ENGINES
+from loopeval.evaluation.serving import CACHES
 
 
 def add(sub) -> None:

@@ -61,9 +61,9 @@ class AdapterArgs:
     engine: str = field(default="hf", metadata={"choices": ENGINES})
 
 
-HF_ONLY = ("cache_implementation", "compile", "truncation")
-"""``looped`` args that set transformers' ``generate`` or tokenizer: only the ``hf`` backend takes them
-other than at their defaults."""
+HF_ONLY = {"cache_implementation": "generate", "compile": "generate", "truncation": "tokenizer"}
+"""``looped`` args that set transformers' ``generate`` or tokenizer (the value says which): only the
+``hf`` backend takes them other than at their defaults."""
 
 
 def _loop_fields() -> list:

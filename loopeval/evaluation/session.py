@@ -171,10 +171,10 @@ class Session:
             except ValueError as exc:
                 raise refusal(exc) from None
         if backend.name != "hf":
-            for name in HF_ONLY:
+            for name, what in HF_ONLY.items():
                 if getattr(self.args, name) != LoopedArgs.__dataclass_fields__[name].default:
-                    raise UserError(f"looped: {name}={getattr(self.args, name)} sets transformers' generate or "
-                                    f"tokenizer; it has no meaning with engine={backend.name} (drop it)")
+                    raise UserError(f"looped: {name}={getattr(self.args, name)} sets transformers' {what}; "
+                                    f"it has no meaning with engine={backend.name} (drop it)")
         self.raw = raw
         try:
             backend.check(self)
