@@ -17,10 +17,6 @@ from loopeval.core.spec import option_fields
 from loopeval.evaluation.serving import CACHES
 from loopeval.evaluation.settings import DECODING_OPTIONS, DecodingOptions
 
-ENGINES = ("hf", "vllm")
-"""The backends ``looped`` generates with: transformers' ``generate`` (``hf``), or vLLM (``engine=vllm``)."""
-
-
 def _folder(name: str, value) -> str:
     """A folder to write into, created now, so a bad path fails before any work."""
     if not isinstance(value, str) or not value.strip():
@@ -48,7 +44,8 @@ class AdapterArgs:
     ``static``) set transformers' ``generate`` (:func:`loopeval.evaluation.serving.generation_options`);
     they change speed, not outputs, so the trace records them beside, not among, the shared
     decoding settings. ``truncation``: the tokenizer truncates prompts to the model's length
-    (HFLM's arg; recorded among the shared settings). ``engine``: the backend (:data:`ENGINES`).
+    (HFLM's arg; recorded among the shared settings). ``engine``: the backend, one of
+    :data:`loopeval.model_adapters.looped.BACKENDS` (the shell checks it before the session opens).
     """
 
     exit_after: int | None = field(default=None, metadata={"parse": lambda n, v: as_int(n, v, minimum=1)})
@@ -58,7 +55,7 @@ class AdapterArgs:
     cache_implementation: str = field(default="dynamic", metadata={"choices": CACHES})
     compile: bool = False
     truncation: bool = False
-    engine: str = field(default="hf", metadata={"choices": ENGINES})
+    engine: str = field(default="hf", metadata={"parse": as_text})
 
 
 HF_ONLY = {"cache_implementation": "generate", "compile": "generate", "truncation": "tokenizer"}

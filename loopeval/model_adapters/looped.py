@@ -30,19 +30,22 @@ import sys
 from lm_eval.api.model import LM
 from lm_eval.utils import simple_parse_args_string
 
-from loopeval.common.args import as_field
 from loopeval.common.errors import UserError
-from loopeval.evaluation.model_args import LoopedArgs, explicit_flag
+from loopeval.evaluation.model_args import explicit_flag
 from loopeval.evaluation.session import Session
 
 BACKENDS = {"hf": "loopeval.evaluation.hf_backend:HFBackend", "vllm": "loopeval.engines.vllm_backend:VLLMBackend"}
-"""The backend of each ``engine=`` value (:data:`loopeval.evaluation.model_args.ENGINES`), imported when chosen."""
+"""The backend of each ``engine=`` value, imported when chosen: a third backend is one entry here
+and one backend class (:class:`loopeval.evaluation.session.Backend`)."""
 
 
-def backend(engine: str):
-    """The backend object of ``engine`` (a name of :data:`BACKENDS`)."""
-    module, name = BACKENDS[engine].split(":")
-    return getattr(importlib.import_module(module), name)()
+def backend(engine) -> object:
+    """The backend object of ``engine`` (a name of :data:`BACKENDS`); another name is refused."""
+    name = str(engine).strip().lower()
+    if name not in BACKENDS:
+        raise UserError(f"looped: engine={engine!r}: choose one of {', '.join(BACKENDS)}")
+    module, cls = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
 class LoopedLM(LM):
@@ -50,9 +53,7 @@ class LoopedLM(LM):
 
     def __init__(self, pretrained=None, **model_args) -> None:
         super().__init__()
-        engine = model_args.get("engine")
-        engine = "hf" if engine is None else as_field(LoopedArgs.__dataclass_fields__["engine"], "engine", engine)
-        self.session = Session(pretrained, model_args, backend(engine))
+        self.session = Session(pretrained, model_args, backend(model_args.get("engine") or "hf"))
         self.lm = self.session.backend.load(self.session)
 
     @classmethod
