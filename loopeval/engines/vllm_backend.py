@@ -40,7 +40,8 @@ class VLLMBackend:
         from loopeval.engines.vllm_lm import VLLM
 
         own = {p for p in inspect.signature(VLLM.__init__).parameters if p not in ("self", "kwargs")}
-        return own | {f.name for f in dataclasses.fields(EngineArgs) if f.name != "model"} | {"device"}
+        # device: lm-eval's own flag (vLLM ignores it); gguf_file: refused by check() with its reason
+        return own | {f.name for f in dataclasses.fields(EngineArgs) if f.name != "model"} | {"device", "gguf_file"}
 
     def check(self, session) -> None:
         from transformers import AutoConfig
