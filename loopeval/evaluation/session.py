@@ -149,27 +149,7 @@ class Session:
                 raise refusal(exc) from None
         if (pilot := pilot_warning(argv)) is not None:  # before the weights load: the compute is not spent yet
             warnings.warn(pilot, stacklevel=3)
-        hub = {"revision": raw.get("revision"), "trust_remote_code": raw.get("trust_remote_code", False),
-               "gguf_file": raw.get("gguf_file")}
-        if isinstance(pretrained, str):
-            try:
-                check_source(pretrained, **hub)
-            except ValueError as exc:
-                raise UserError(f"looped: pretrained={exc}") from None
-        # The loop is checked against the config before any weights load.
-        try:
-            self.loop = resolve_loop(pretrained, self.args.loop, arg_prefix="loop_", **hub,
-                                     **{name: getattr(self.args, f"loop_{name}") for name in LOOP_OPTIONS})
-        except ValueError as exc:
-            raise refusal(exc) from None
-        if self.args.exit_after is not None:
-            if self.loop is None:
-                raise UserError(f"looped: exit_after={self.args.exit_after} given for a model without a loop "
-                                "(give loop= or a looped checkpoint)")
-            try:
-                self.loop = self.loop.exit_after(self.args.exit_after)
-            except ValueError as exc:
-                raise refusal(exc) from None
+        self.loop = _resolve(pretrained, self.args, raw)
         if backend.name != "hf":
             for name, what in HF_ONLY.items():
                 if getattr(self.args, name) != LoopedArgs.__dataclass_fields__[name].default:
@@ -370,3 +350,29 @@ class Session:
                 "looped: lm-eval's --use_cache keys a result on the request alone, so it would serve outputs "
                 "made with another loop, budget or decoding rule; drop --use_cache and pass resume_dir=FOLDER "
                 "in --model_args to resume a killed run safely")
+
+
+def _resolve(pretrained, args, raw: dict):
+    """The checkpoint (and its GGUF file) checked and the loop resolved from ``args`` (and its fixed
+    exit), reading configs only: before any weights load."""
+    hub = {"revision": raw.get("revision"), "trust_remote_code": raw.get("trust_remote_code", False),
+           "gguf_file": raw.get("gguf_file")}
+    if isinstance(pretrained, str):
+        try:
+            check_source(pretrained, **hub)
+        except ValueError as exc:
+            raise UserError(f"looped: pretrained={exc}") from None
+    try:
+        loop = resolve_loop(pretrained, args.loop, arg_prefix="loop_", **hub,
+                            **{name: getattr(args, f"loop_{name}") for name in LOOP_OPTIONS})
+    except ValueError as exc:
+        raise refusal(exc) from None
+    if args.exit_after is None:
+        return loop
+    if loop is None:
+        raise UserError(f"looped: exit_after={args.exit_after} given for a model without a loop "
+                        "(give loop= or a looped checkpoint)")
+    try:
+        return loop.exit_after(args.exit_after)
+    except ValueError as exc:
+        raise refusal(exc) from None
