@@ -229,9 +229,6 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     takes ``cache``, ``compile`` and ``device``, CUDA by default when present). Every input
     is checked before any model loads or runs. With ``out``, writes ``out/serve_cost.json``.
     """
-    import torch
-    import transformers
-
     from loopeval.common.threads import configure_threads
     from loopeval.core.cost import loop_cost
     from loopeval.core.loop import loop_config
@@ -265,17 +262,7 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     meter.bar = tqdm(desc="serve-cost", unit="token", disable=not progress,
                      total=len(timed) * ((repeats + 1) * (1 + new_tokens) + engine.memory_runs(new_tokens)
                                          + sum((1 + repeats) * b * new_tokens for b in (per_model or [[]])[0])))
-    for model in timed:  # warm-up (and, compiled, compilation) of every shape timed below
-        meter.seconds(model, 1, 1)
-        meter.seconds(model, 1, new_tokens)
-    prefill = [[] for _ in timed]
-    latency = [[] for _ in timed]
-    for _ in range(repeats):
-        for i, model in enumerate(timed):
-            one = meter.seconds(model, 1, 1)
-            full = meter.seconds(model, 1, new_tokens)
-            prefill[i].append(one)
-            latency[i].append((full - one) / (new_tokens - 1))
+    prefill, latency = _batch_one(meter, timed, new_tokens, repeats)
     memory = [engine.memory(meter, model, prompt_tokens=prompt_tokens, new_tokens=new_tokens) for model in timed]
     if sizes == "auto":
         chosen = []
@@ -304,16 +291,40 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     settings = {
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
         "batch_sizes": sizes if sizes == "auto" else list(sizes), "repeats": repeats, **where,
-        "dtype": model_dtype, "seed": seed,
-        "threads": torch.get_num_threads(), "threads_source": threads.source, "threads_reason": threads.reason,
-        "gpu": torch.cuda.get_device_name(where["device"]) if where["device"].startswith("cuda") else None,
-        "cpu": platform.processor() or platform.machine(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "dtype": model_dtype, "seed": seed, **_machine(threads, where["device"]),
     }
     result = ServeCost(tuple(results), settings, engine=engine.name, engine_version=engine.version())
     if out is not None:
         result.write(out)
     return result
+
+
+def _batch_one(meter: Clock, timed: list, new_tokens: int, repeats: int) -> tuple[list, list]:
+    """Per model, each repeat's prefill seconds and decode seconds per token at batch 1 (a one-token
+    and a ``new_tokens`` generation back to back), the models interleaved, after a warm-up (and,
+    compiled, the compilation) of both shapes."""
+    for model in timed:
+        meter.seconds(model, 1, 1)
+        meter.seconds(model, 1, new_tokens)
+    prefill, latency = [[] for _ in timed], [[] for _ in timed]
+    for _ in range(repeats):
+        for i, model in enumerate(timed):
+            one = meter.seconds(model, 1, 1)
+            full = meter.seconds(model, 1, new_tokens)
+            prefill[i].append(one)
+            latency[i].append((full - one) / (new_tokens - 1))
+    return prefill, latency
+
+
+def _machine(threads, device: str) -> dict:
+    """What the JSON's settings record of the machine and the libraries."""
+    import torch
+    import transformers
+
+    return {"threads": torch.get_num_threads(), "threads_source": threads.source, "threads_reason": threads.reason,
+            "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
+            "cpu": platform.processor() or platform.machine(),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
 
 
 def _throughput(meter: Clock, timed: list, per_model: list[list[int]], new_tokens: int, repeats: int) -> list[dict]:
