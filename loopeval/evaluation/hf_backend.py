@@ -105,7 +105,7 @@ class HFLooped(HFLM):
             weights=weights_fingerprint(self.model), cost=self.cost,
             dtype=str(next(self.model.parameters()).dtype).replace("torch.", ""), seed=torch.initial_seed(),
             max_length=int(self.max_length), max_gen_toks=int(self.max_gen_toks),
-            chat_template=self.tokenizer.chat_template, chat_template_args=dict(self.chat_template_args or {}),
+            chat_template=self.tokenizer.chat_template,
             generation={"cache_implementation": args.cache_implementation, "compile": args.compile},
             versions={"torch": torch.__version__},
             rank=self.rank, world_size=self.world_size))

@@ -114,7 +114,6 @@ class Loaded:
     max_length: int
     max_gen_toks: int
     chat_template: str | None
-    chat_template_args: dict
     generation: dict  # the trace header's speed-only settings
     versions: dict  # the backend's library versions, beside loopeval's and Python's
     rank: int = 0
@@ -160,14 +159,16 @@ class Session:
             backend.check(self)
         except ValueError as exc:
             raise refusal(exc) from None
-        # Keep the thinking block in responses (the scorer needs it); lm-eval would demand
-        # think_end_token and strip it.
-        if raw.get("enable_thinking") is not None and raw.get("think_end_token") is None:
+        self.chat_template_args = dict(raw.get("chat_template_args") or {})  # what templated prompts are given
+        if raw.get("enable_thinking") is not None:
             from loopeval.common.args import as_bool
 
-            template_args = dict(raw.pop("chat_template_args", None) or {})
-            template_args["enable_thinking"] = as_bool("enable_thinking", raw.pop("enable_thinking"))
-            raw["chat_template_args"] = template_args
+            self.chat_template_args["enable_thinking"] = as_bool("enable_thinking", raw["enable_thinking"])
+            # Keep the thinking block in responses (the scorer needs it); lm-eval would demand
+            # think_end_token and strip it.
+            if raw.get("think_end_token") is None:
+                raw.pop("enable_thinking")
+                raw["chat_template_args"] = dict(self.chat_template_args)
         self.files = loaded_fingerprint({"pretrained": pretrained, **raw}, weights=False)
         tokenizer = raw.get("tokenizer") or pretrained
         if chat_template_requested(argv) and isinstance(tokenizer, str):
@@ -215,7 +216,7 @@ class Session:
         return DecodingSettings.record(
             self.args.decoding, dtype=m.dtype, batch_size=str(self.batch_size),
             chat_template_sha=prompt_hash(m.chat_template) if m.chat_template and applied else None,
-            chat_template_args=dict(m.chat_template_args or {}) if applied else {},
+            chat_template_args=dict(self.chat_template_args) if applied else {},
             seed=int(m.seed), max_length=int(m.max_length), truncation=bool(self.args.truncation),
             engine=self.backend.engine, engine_version=self.engine_version)
 
