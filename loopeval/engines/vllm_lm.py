@@ -18,7 +18,7 @@ from loopeval.core.checkpoint import weights_fingerprint  # noqa: E402
 from loopeval.core.cost import loop_cost  # noqa: E402
 from loopeval.engines import vllm_engine  # noqa: E402
 from loopeval.engines.vllm_models import engine_overrides, register  # noqa: E402
-from loopeval.evaluation.session import PLAN_KEY, Loaded, Session  # noqa: E402
+from loopeval.evaluation.session import PLAN_KEY, Loaded, Session, end_of_sequence_ids  # noqa: E402
 
 
 def _vllm_class():
@@ -71,11 +71,9 @@ class VLLMLooped(VLLM):
         else:  # the engines live in Ray workers: the dtype asked for
             dtype = getattr(torch, str(kwargs.get("dtype", "auto")), "auto")
         hf = AutoModelForCausalLM.from_pretrained(pretrained, dtype=dtype, **hub)
-        eos = hf.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
         session.batch_size = str(self.batch_size)
         session.loaded(Loaded(
-            tokenizer=self.tokenizer, eos_ids=tuple(sorted({e for e in (self.eot_token_id, *eos) if e is not None})),
+            tokenizer=self.tokenizer, eos_ids=end_of_sequence_ids(self.eot_token_id, hf.generation_config),
             weights=weights_fingerprint(hf), cost=loop_cost(hf, session.loop.spec if session.loop else None),
             dtype=str(next(hf.parameters()).dtype).replace("torch.", ""), seed=int(self.model_args["seed"]),
             max_length=int(self.max_length), max_gen_toks=int(self.max_gen_toks),

@@ -24,7 +24,7 @@ from loopeval.core.cost import loop_cost
 from loopeval.core.gguf import GGUFCheckedAutoModel
 from loopeval.core.loop import apply_loop, loop_config
 from loopeval.evaluation.serving import check_compile_backend, generation_options
-from loopeval.evaluation.session import PLAN_KEY, Loaded, Session
+from loopeval.evaluation.session import PLAN_KEY, Loaded, Session, end_of_sequence_ids
 
 # from_pretrained keywords that HFLM forwards through **kwargs.
 FROM_PRETRAINED_ARGS = (
@@ -97,11 +97,9 @@ class HFLooped(HFLM):
             apply_loop(self.model, session.loop)
         self.generation_options = generation_options(args.cache_implementation, args.compile, device=self.device)
         self.cost = loop_cost(self.model, session.loop.spec if session.loop else None)
-        eos = self.model.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
         session.batch_size = str(self.batch_size)
         session.loaded(Loaded(
-            tokenizer=self.tokenizer, eos_ids=tuple(sorted({e for e in (self.eot_token_id, *eos) if e is not None})),
+            tokenizer=self.tokenizer, eos_ids=end_of_sequence_ids(self.eot_token_id, self.model.generation_config),
             weights=weights_fingerprint(self.model), cost=self.cost,
             dtype=str(next(self.model.parameters()).dtype).replace("torch.", ""), seed=torch.initial_seed(),
             max_length=int(self.max_length), max_gen_toks=int(self.max_gen_toks),

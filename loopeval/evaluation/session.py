@@ -101,12 +101,19 @@ class Plan:
         return json.dumps([list(self.until), self.reserve])
 
 
+def end_of_sequence_ids(eot_token_id: int | None, generation_config) -> tuple[int, ...]:
+    """Every id that ends a generation: the tokenizer's end-of-text and the generation config's ``eos_token_id``(s)."""
+    eos = generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    return tuple(sorted({e for e in (eot_token_id, *eos) if e is not None}))
+
+
 @dataclass(frozen=True)
 class Loaded:
     """What the backend's loaded model tells the session: fixed for the evaluation."""
 
     tokenizer: object
-    eos_ids: tuple[int, ...]  # every end-of-sequence id: the tokenizer's and the generation config's
+    eos_ids: tuple[int, ...]  # end_of_sequence_ids()
     weights: str  # loopeval.core.checkpoint.weights_fingerprint of the evaluated weights
     cost: object  # loopeval.core.cost.LoopCost
     dtype: str
