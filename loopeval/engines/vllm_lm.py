@@ -75,7 +75,7 @@ class VLLMLooped(VLLM):
         session.loaded(Loaded(
             tokenizer=self.tokenizer, eos_ids=end_of_sequence_ids(self.eot_token_id, hf.generation_config),
             weights=weights_fingerprint(hf), cost=loop_cost(hf, session.loop.spec if session.loop else None),
-            dtype=str(next(hf.parameters()).dtype).replace("torch.", ""), seed=int(self.model_args["seed"]),
+            dtype=str(next(hf.parameters()).dtype).replace("torch.", ""), seed=lambda: int(self.model_args["seed"]),
             max_length=int(self.max_length), max_gen_toks=int(self.max_gen_toks),
             chat_template=self.hf_chat_template or self.tokenizer.chat_template,
             generation={**{k: self.model_args.get(k) for k in ENGINE_SETTINGS},

@@ -101,7 +101,7 @@ class HFLooped(HFLM):
         session.loaded(Loaded(
             tokenizer=self.tokenizer, eos_ids=end_of_sequence_ids(self.eot_token_id, self.model.generation_config),
             weights=weights_fingerprint(self.model), cost=self.cost,
-            dtype=str(next(self.model.parameters()).dtype).replace("torch.", ""), seed=torch.initial_seed(),
+            dtype=str(next(self.model.parameters()).dtype).replace("torch.", ""), seed=torch.initial_seed,
             max_length=int(self.max_length), max_gen_toks=int(self.max_gen_toks),
             chat_template=self.tokenizer.chat_template,
             generation={"cache_implementation": args.cache_implementation, "compile": args.compile},

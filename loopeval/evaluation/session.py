@@ -117,7 +117,7 @@ class Loaded:
     weights: str  # loopeval.core.checkpoint.weights_fingerprint of the evaluated weights
     cost: object  # loopeval.core.cost.LoopCost
     dtype: str
-    seed: int
+    seed: Callable[[], int]  # read when the header is written: lm-eval seeds torch after the model loads
     max_length: int
     max_gen_toks: int
     chat_template: str | None
@@ -224,7 +224,7 @@ class Session:
             self.args.decoding, dtype=m.dtype, batch_size=str(self.batch_size),
             chat_template_sha=prompt_hash(m.chat_template) if m.chat_template and applied else None,
             chat_template_args=dict(self.chat_template_args) if applied else {},
-            seed=int(m.seed), max_length=int(m.max_length), truncation=bool(self.args.truncation),
+            seed=int(m.seed()), max_length=int(m.max_length), truncation=bool(self.args.truncation),
             engine=self.backend.engine, engine_version=self.engine_version)
 
     def trace_header(self) -> TraceHeader:
