@@ -87,6 +87,10 @@ class Backend(Protocol):
     def version(self) -> str | None:
         """The engine's version, recorded beside its name (``None`` on the HF path)."""
 
+    def load(self, session: Session):
+        """The loaded model, an lm-eval ``LM`` that generates through :meth:`Session.serve` and
+        calls :meth:`Session.loaded` once loaded."""
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -156,7 +160,7 @@ class Session:
         if (pilot := pilot_warning(argv)) is not None:  # before the weights load: the compute is not spent yet
             warnings.warn(pilot, stacklevel=3)
         self.loop = _resolve(pretrained, self.args, raw)
-        if backend.name != "hf":
+        if backend.engine is not None:  # not transformers' generate
             for name, what in HF_ONLY.items():
                 if getattr(self.args, name) != LoopedArgs.__dataclass_fields__[name].default:
                     raise UserError(f"looped: {name}={getattr(self.args, name)} sets transformers' {what}; "
