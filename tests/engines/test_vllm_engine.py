@@ -305,8 +305,13 @@ def test_refusals_name_the_arg(workdir, tmp_path):
         _engine(workdir / "base", loop="1:3x2", cache_implementation="static")
     with pytest.raises(ValueError, match="device=cuda:1: vLLM places itself"):
         _engine(workdir / "base", device="cuda:1")
-    with pytest.raises(ValueError, match="not gguf_file="):
+    with pytest.raises(ValueError, match=r"^looped: pretrained=.*model.gguf: no such GGUF file"):  # the shared check
         _engine(workdir / "base", gguf_file="model.gguf")
+    from support import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "m.gguf")
+    with pytest.raises(ValueError, match="not gguf_file="):  # a sound GGUF: the engine's own refusal
+        _engine(tmp_path, gguf_file="m.gguf")
     gated = tmp_path / "gated"
     shutil.copytree(workdir / "looped", gated)
     (gated / "exit_gate.safetensors").write_bytes(b"")
