@@ -12,7 +12,8 @@ models through a serving backend object: transformers' ``generate``
 """
 
 from loopeval.evaluation.serving.hf import CACHES, HFServing, check_compile_backend, generation_options
-from loopeval.evaluation.serving.measure import Clock, serve_cost
+from loopeval.evaluation.serving.clock import Clock
+from loopeval.evaluation.serving.measure import serve_cost
 from loopeval.evaluation.serving.result import ModelServing, RatioCheck, ServeCost, Spread, plausible_range, read_serve_cost
 
 __all__ = ["CACHES", "Clock", "HFServing", "ModelServing", "RatioCheck", "ServeCost", "Spread", "check_compile_backend",

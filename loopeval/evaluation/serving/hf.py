@@ -20,7 +20,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from loopeval.evaluation.serving.measure import Clock
+from loopeval.evaluation.serving.clock import Clock
 
 CACHES = ("dynamic", "static")
 """Cache implementations: HF's default dynamic cache, or its preallocated ``StaticCache``."""

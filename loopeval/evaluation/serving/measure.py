@@ -18,7 +18,7 @@ with their min and max; ratios are per repeat (:mod:`loopeval.evaluation.serving
 A serving backend is an object with ``name``, ``load_device`` (where the models loaded
 here for their cost and weights go) and the methods :class:`HFServing
 <loopeval.evaluation.serving.hf.HFServing>` defines: ``check`` (its refusals, before any
-model loads), ``version``, ``load`` (the models it times), ``meter`` (a :class:`Clock`),
+model loads), ``version``, ``load`` (the models it times), ``meter`` (a :class:`~loopeval.evaluation.serving.clock.Clock`),
 ``memory_runs``, ``memory``, ``auto_batch`` (needed only where ``check`` lets ``"auto"``
 batch sizes through) and ``settings`` (what the JSON records of it).
 """
@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import copy
 import platform
-import time
 from pathlib import Path
 
+from loopeval.evaluation.serving.clock import Clock
+from loopeval.evaluation.serving.hf import HFServing
 from loopeval.evaluation.serving.result import ModelServing, ServeCost, Spread
 
 def _batch_sizes(value) -> tuple[int, ...] | str:
@@ -151,57 +152,10 @@ def _load(sources, loop, dtype, device):
 
 
 
-class Clock:
-    """Times generations of the models on the same seeded random prompt rows; a subclass
-    says how to generate (:meth:`generate`) and count the tokens generated (:meth:`generated`)."""
-
-    def __init__(self, device, vocab_size: int, prompt_tokens: int, seed: int):
-        import torch
-
-        self.torch = torch
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self.prompt_tokens = prompt_tokens
-        self.generator = torch.Generator().manual_seed(seed)
-        self.vocab_size = vocab_size
-        self.prompts: dict[int, object] = {}
-        self.bar = None  # a tqdm bar counting generated tokens, set by serve_cost
-
-    def planned(self, tokens: int) -> None:
-        """Add generations of ``tokens`` generated tokens in all to the bar's total."""
-        if self.bar is not None:
-            self.bar.total += tokens
-            self.bar.refresh()
-
-    def prompt(self, batch: int):
-        """The same random prompt rows for every model (special ids below 16 avoided)."""
-        if batch not in self.prompts:
-            ids = self.torch.randint(16, self.vocab_size, (batch, self.prompt_tokens), generator=self.generator)
-            self.prompts[batch] = ids.to(self.device)
-        return self.prompts[batch]
-
-    def _sync(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize(self.device)
-
-    def seconds(self, model, batch: int, new_tokens: int) -> float:
-        self._sync()
-        start = time.perf_counter()
-        out = self.generate(model, batch, new_tokens)
-        self._sync()
-        elapsed = time.perf_counter() - start
-        if (generated := self.generated(out)) != new_tokens:
-            raise RuntimeError(f"generate returned {generated} tokens, not {new_tokens}")
-        return elapsed
-
-
-
 def _check_backend(engine, sources, sizes, *, cache, compile, device):
     """The serving backend: ``engine``, or transformers' ``generate`` for ``None``; its refusals made
     before any model loads (:meth:`check`)."""
     if engine is None or engine == "hf":
-        from loopeval.evaluation.serving.hf import HFServing
-
         engine = HFServing()
     elif isinstance(engine, str):
         raise ValueError(f"engine {engine!r}: serve_cost takes a serving backend object (None: transformers' "
