@@ -17,7 +17,7 @@ the LM head over the same positions. The ratio is the search's wall time over th
 of the layer passes it executed in a plain forward (issue 26: at most 1.5); the second
 ratio also charges the plain forwards one LM head per candidate.
 
-    python benchmarks/bench_place.py --real /tmp/smollm2 --data gsm8k_text.jsonl --tokens 2048 \
+    python benchmarks/bench_place.py --real smollm2 --data gsm8k_text.jsonl --tokens 2048 \
         --seq-len 1024 --batch-tokens 2048 --widths 4 --times 2,3 --betas 0,0.25 --starts 8,12,16,20 --threads 1
 """
 

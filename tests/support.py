@@ -195,14 +195,21 @@ def write_generate_task(folder, name: str, rows: list[dict], *, max_gen_toks: in
     }))
 
 
-def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()):
-    """A tiny float32 GGUF of ``arch`` written by the gguf library (an independent writer)."""
+def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=(), vocab=64, tokens=None, scores=True):
+    """A tiny float32 GGUF of ``arch`` written by the gguf library (an independent writer);
+    ``tokens`` (a list of token strings) is written as its ``gpt2`` tokenizer's token list,
+    with scores by position (transformers derives a byte-level BPE's merges from them)."""
     import numpy as np
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(0)
-    heads, kv, ff, vocab = 4, 2, 96, 64
+    heads, kv, ff = 4, 2, 96
     w = GGUFWriter(str(path), arch)
+    if tokens is not None:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(tokens)
+        if scores:  # transformers derives the merges from them
+            w.add_token_scores([-float(i) for i in range(len(tokens))])
     w.add_block_count(blocks)
     w.add_context_length(128)
     w.add_embedding_length(width)
@@ -231,29 +238,64 @@ def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()
     return path
 
 
-_SPIN = "import os, multiprocessing as m\ndef f(_):\n    while True: pass\nm.Pool(os.cpu_count()).map(f, range(os.cpu_count()))"
+def assert_close_in_float32(actual, expected) -> None:
+    """``actual`` equals ``expected`` (float32 activations or logits computed another correct way:
+    other batch shapes, a cache, an unrolled copy) within float32 rounding: per vector along the
+    last dimension, ``loopeval.core.cache_check.rounding_tolerance`` of ``expected``, i.e.
+    2e-4 of its largest magnitude (at least 1e-3), the rule the cache check uses. A wrong cache
+    slot or a misplaced pass differs by a sizeable fraction of the vector."""
+    import torch
+
+    from loopeval.core.cache_check import rounding_tolerance
+
+    expected = expected.float()
+    gap = (actual.float() - expected).abs().amax(-1)
+    tolerance = rounding_tolerance(expected, torch.float32)
+    worst = int((gap - tolerance).flatten().argmax())
+    assert bool((gap <= tolerance).all()), (
+        f"gap {gap.flatten()[worst].item():.3g} past float32 rounding ({tolerance.flatten()[worst].item():.3g}) "
+        f"at vector {worst} of {gap.numel()}")
+
+
+_SPIN = """\
+import multiprocessing as m, os
+
+def spin(started):
+    started.put(os.getpid())
+    while True:
+        pass
+
+started = m.Queue()
+workers = [m.Process(target=spin, args=(started,), daemon=True) for _ in range(os.cpu_count())]
+for w in workers:
+    w.start()
+for _ in workers:
+    started.get()
+print("spinning", flush=True)
+for w in workers:
+    w.join()
+"""
 
 
 class busy_machine:
-    """A context in which another process spins on every core (started ``settle`` seconds
-    before the body, killed with its pool after it)."""
-
-    def __init__(self, settle: float = 1.5):
-        self.settle = settle
+    """A context in which another process spins on every core: the body starts once every
+    spinner has started (it says so), and the spinners are killed with their group after it."""
 
     def __enter__(self):
-        import time
-
-        self.process = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True,
-                                        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
-        time.sleep(self.settle)
+        self.process = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True, stdout=subprocess.PIPE,
+                                        text=True, env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
+        line = self.process.stdout.readline().strip()
+        if line != "spinning":
+            self.__exit__()
+            raise RuntimeError(f"the competing job did not start: it printed {line!r}")
         return self
 
     def __exit__(self, *exc):
         import signal
 
-        os.killpg(self.process.pid, signal.SIGKILL)  # the pool's workers too
+        os.killpg(self.process.pid, signal.SIGKILL)  # the spinners too
         self.process.wait()
+        self.process.stdout.close()
 
 
 # Tiny lm-eval tasks of the looped-model tests (tests/evaluation, tests/engines).

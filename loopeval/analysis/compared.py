@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from loopeval.analysis.protocol import Comparison, RunComparison, compare, task_margin
+from loopeval.analysis.protocol import Comparison, RunComparison, check_amounts, compare
 from loopeval.analysis.runs import (PairedRuns, Run, cost_split, decoding_differences, forcing_shares, load_run,
                                    pair_runs)
 from loopeval.analysis.stats import PowerResult, power
@@ -197,23 +197,6 @@ class ComparedRuns:
         return "\n".join(lines)
 
 
-def check_margins(paired: PairedRuns, margin: float | None, margins: Mapping[str, float] | None) -> None:
-    """Refuse a margin named for a metric the runs do not report, or a bare ``margin`` (the
-    fractions' margin) given where no metric is a fraction, before any resampling."""
-    names = {paired.metric_name(t): t for t in paired.tasks}
-    for name in margins or {}:
-        if name not in names:
-            raise ValueError(f"--margin {name}=...: no metric {name!r} in these runs (their metrics: "
-                             f"{', '.join(sorted(names))})")
-    if margin is not None and not any(paired.unit(t).fraction for t in paired.tasks):
-        first = next(iter(names))
-        raise ValueError(f"--margin {margin:g}: a bare margin is the accuracy margin (a fraction, A.5's ±2 points is "
-                         f"0.02), and no metric here is an accuracy; give the metric's own margin in its unit "
-                         f"(--margin {first}={margin:g}, in {paired.unit(names[first]).name})")
-    for t in paired.tasks:
-        task_margin(paired, t, DEFAULTS.margin if margin is None else margin, margins)
-
-
 def compare_runs(baseline, candidate, *, metric: str | None = None, tasks=None, cluster_field: str | None = None,
                  cost: str = DEFAULTS.cost, test: str = "bootstrap", family: int | None = None,
                  n_resamples: int = DEFAULTS.n_resamples, seed: int = DEFAULTS.seed, allow_subset: bool = False,
@@ -232,7 +215,7 @@ def compare_runs(baseline, candidate, *, metric: str | None = None, tasks=None, 
     check_intended(intended)
     runs, paired = load_two(baseline, candidate, metric=metric, tasks=tasks, cluster_field=cluster_field,
                             allow_subset=allow_subset, unfinished_fallback=unfinished_fallback)
-    check_margins(paired, margin, margins)
+    check_amounts(paired, margin, margins, "--margin")
     notes = [f"cannot check that the runs decode alike: {d}"
              for d in decoding_differences(runs["baseline"], runs["candidate"], settings=False)]
     differences = decoding_differences(runs["baseline"], runs["candidate"], intended=tuple(intended), traces=False)
@@ -307,10 +290,7 @@ def pilot_power(baseline, candidate, *, alpha: float = DEFAULTS.alpha, power_: f
     runs, paired = load_two(baseline, candidate, metric=metric, tasks=tasks, allow_subset=True)  # pilots, by design
     a, b = paired.scores["baseline"], paired.scores["candidate"]
     names = {t: paired.metric_name(t) for t in paired.tasks}
-    for name in deltas or {}:
-        if name not in names.values():
-            raise ValueError(f"--delta {name}=...: no metric {name!r} in these runs (their metrics: "
-                             f"{', '.join(sorted(set(names.values())))})")
+    check_amounts(paired, delta, deltas, "--delta")
 
     def wanted(task: str) -> float | None:
         return (deltas or {}).get(names[task], delta if paired.unit(task).fraction else None)

@@ -49,8 +49,8 @@ from loopeval.analysis.stats import (
     seed_summary,
 )
 from loopeval.analysis.stats.display import points, pvalue as show_p
-from loopeval.analysis.stats.units import fraction
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS, SELECTIONS
+from loopeval.common.errors import UserError
 from loopeval.evaluation.metrics import POINTS, Unit
 
 RunLike = Run | Sequence[Run]
@@ -203,7 +203,7 @@ def _outcome(delta: float, pvalue: float, equivalent: bool | None, alpha: float)
 def _check_options(confidence: float, margin: float, alpha: float, margins: Mapping[str, float] | None = None) -> None:
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
-    fraction("margin", margin, closed=False)
+    POINTS.check_margin("margin", margin)
     if margins is not None and not isinstance(margins, Mapping):
         raise ValueError(f"margins must map a metric name to its margin, got {margins!r}")
     family_level(confidence)
@@ -217,6 +217,32 @@ def task_margin(paired: PairedRuns, task: str, margin: float, margins: Mapping[s
     if name in (margins or {}):
         return unit.check_margin(f"margin of {name}", margins[name])
     return margin if unit.fraction else None
+
+
+def check_amounts(paired: PairedRuns, bare: float | None, named: Mapping[str, float] | None, flag: str) -> None:
+    """The one rule for an amount given per metric, before any resampling: an equivalence
+    margin (``--margin`` of ``compare`` and ``report``, a study's ``statistics.margin`` and
+    ``margins``) and a difference to detect (``power``'s ``--delta``). A named metric must be
+    one these runs report, its value in that metric's unit (:meth:`Unit.check_margin`); a bare
+    value is the accuracies' (a fraction in (0, 1)) and needs an accuracy among the metrics.
+    ``flag`` names the option in the refusal."""
+    by_name: dict[str, list[str]] = {}
+    for t in paired.tasks:
+        by_name.setdefault(paired.metric_name(t), []).append(t)
+    for name, value in (named or {}).items():
+        if name not in by_name:
+            raise UserError(f"{flag} {name}=...: no metric {name!r} in these runs (their metrics: "
+                            f"{', '.join(sorted(by_name))})")
+        for t in by_name[name]:
+            paired.unit(t).check_margin(f"{flag} {name}", value)
+    if bare is None:
+        return
+    if not any(paired.unit(t).fraction for t in paired.tasks):
+        first = next(iter(by_name))
+        raise UserError(f"{flag} {bare:g}: a bare value is the accuracies' (a fraction, A.5's ±2 points is 0.02), "
+                        f"and no metric here is an accuracy; give the metric's own in its unit "
+                        f"({flag} {first}={bare:g}, in {paired.unit(by_name[first][0]).name})")
+    POINTS.check_margin(flag, bare)
 
 
 def single_kind(paired: PairedRuns, what: str) -> None:

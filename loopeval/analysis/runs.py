@@ -30,7 +30,7 @@ import numpy as np
 
 from loopeval.analysis.stats import Resampler
 from loopeval.common.jsonl import read_jsonl
-from loopeval.evaluation.metrics import POINTS, Unit, full_size, outside_test_set, test_items, unit_of
+from loopeval.evaluation.metrics import POINTS, Unit, check_items, full_size, unit_of
 from loopeval.evaluation.trace import TraceHeader, TraceItem, find_traces
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
@@ -68,7 +68,8 @@ class TaskScores:
     higher_is_better: bool = True
     unit: Unit = POINTS
     output_type: str | None = None
-    foreign_items: tuple[int, ...] = ()  # doc_ids not in the task's full test set (metrics.outside_test_set)
+    foreign_items: tuple[int, ...] = ()  # doc_ids not items of the task's full test set (metrics.check_items)
+    duplicate_items: tuple[int, ...] = ()  # doc_ids repeating an earlier item, left out (counted once)
 
     @property
     def n(self) -> int:
@@ -103,7 +104,8 @@ class TaskScores:
             raise ValueError(
                 f"{self.samples_path.parent}: task {self.task}: {len(missing)} of {self.n} items have no trace "
                 f"record joined on (task, doc_id, prompt_hash), e.g. doc_id {doc_id}"
-                + (f"; {why}" if why else "; were they served from lm-eval's --use_cache, which writes no trace?")
+                + (f"; {why}" if why else "; the trace lost their lines (cut or edited), or a model other than "
+                   "loopeval's looped generated them: evaluate again (loopeval protocol re-runs a study's evaluation)")
             )
         return self.trace
 
@@ -480,7 +482,8 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
     samples_path = results_file.with_name(f"samples_{task}_{_stamp(results_file)}.jsonl")
     if not samples_path.exists():
         raise ValueError(
-            f"task {task}: no samples file {samples_path.name} beside {results_file}; run lm_eval with --log_samples"
+            f"task {task}: no samples file {samples_path.name} beside {results_file} (deleted, or lm_eval ran without "
+            "--log_samples); evaluate again with --log_samples (loopeval protocol re-runs a study's evaluation)"
         )
     items = _read_samples(samples_path, key)
     config = results["configs"].get(task) or {}
@@ -494,13 +497,17 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         )
     doc_ids = np.array(sorted(items))
     recs = [items[d] for d in doc_ids]
-    outside = tuple(int(doc_ids[i]) for i in outside_test_set(task, [r["doc"] for r in recs]))
-    if outside and not allow_subset:
-        field = test_items(task)[0]
+    check = check_items(task, [r["doc"] for r in recs])
+    outside = tuple(int(doc_ids[i]) for i in check.not_benchmark) if check else ()
+    duplicated = tuple(int(doc_ids[i]) for i, _ in check.duplicates) if check else ()
+    if (outside or duplicated) and not allow_subset:
         raise ValueError(
-            f"{samples_path}: task {task}: {len(outside)} of {len(recs)} items are not in the task's test set "
-            f"(their doc {field!r} is none of its {full} items'), e.g. doc_id {outside[0]}: this run is not the "
-            "benchmark (another file, or train items?); a pilot over them: --allow-subset")
+            f"{samples_path}: task {task}: of its {len(recs)} items, "
+            f"{check.describe(lambda i: f'doc_id {int(doc_ids[i])}')}: this run is not the benchmark of {full} items "
+            "(another file, an edited one, or train items?); a pilot over them: --allow-subset")
+    if duplicated:  # a repeated item is one item: counted once, in every statistic
+        keep = [i for i, d in enumerate(doc_ids) if int(d) not in set(duplicated)]
+        doc_ids, recs = doc_ids[keep], [recs[i] for i in keep]
     prompt_hashes = tuple(r["hashes"][2] for r in recs)
     index, foreign, _ = traces
     joined = tuple(index.get((task, int(d), h), (None, None, ()))[2] for d, h in zip(doc_ids, prompt_hashes))
@@ -531,6 +538,7 @@ def _load_task(task: str, results: dict, results_file: Path, metric: str | None,
         unit=unit_of(key, [r["value"] for r in recs]),
         output_type=config.get("output_type"),
         foreign_items=outside,
+        duplicate_items=duplicated,
     )
 
 
@@ -585,20 +593,28 @@ def load_run(path: str | Path, *, metric: str | Mapping[str, str] | None = None,
 def pilot_label(runs: Sequence[Run], tasks: Sequence[str] | None = None) -> str | None:
     """``"pilot: n of N items"`` when any of the runs covers fewer items of its tasks than
     their full test sets hold (a ``--limit`` run, or a local file with a subset, accepted
-    with ``allow_subset``), N counted as :attr:`TaskScores.n_full`, else ``None``. Items
+    with ``allow_subset``), N counted as :attr:`TaskScores.n_full`, else ``None``; said per
+    task, never summed over tasks (``"... in each of 2 tasks (a, b)"``, or ``"n of N items
+    of a, m of M items of b"``). Items
     that are not in their task's test set (:attr:`TaskScores.foreign_items`, accepted with
     ``allow_subset`` too) make it a pilot whatever the counts, and the label says how many."""
     chosen = [(t, ts) for r in runs for t, ts in r.tasks.items() if tasks is None or t in tasks]
     foreign = [(t, d) for t, ts in chosen for d in ts.foreign_items]
-    if not runs or (not foreign and all(ts.n == ts.n_full for _, ts in chosen)):
+    repeated = [(t, d) for t, ts in chosen for d in ts.duplicate_items]
+    if not runs or (not foreign and not repeated and all(ts.n == ts.n_full for _, ts in chosen)):
         return None
-    first = runs[0]
-    n = sum(ts.n for t, ts in first.tasks.items() if tasks is None or t in tasks)
-    total = sum(ts.n_full for t, ts in first.tasks.items() if tasks is None or t in tasks)
-    label = f"pilot: {n} of {total} items"
+    counts = {t: (ts.n, ts.n_full) for t, ts in sorted(runs[0].tasks.items()) if tasks is None or t in tasks}
+    if len(set(counts.values())) == 1:
+        (n, total), = set(counts.values())
+        label = f"pilot: {n} of {total} items" + (f" in each of {len(counts)} tasks ({', '.join(counts)})"
+                                                  if len(counts) > 1 else "")
+    else:
+        label = "pilot: " + ", ".join(f"{n} of {total} items of {t}" for t, (n, total) in counts.items())
     if foreign:
         label += (f", {len(foreign)} of the runs' items not in their task's test set "
                   f"(e.g. {foreign[0][0]} doc_id {foreign[0][1]})")
+    if repeated:
+        label += (f", {len(repeated)} duplicated item(s) counted once (e.g. {repeated[0][0]} doc_id {repeated[0][1]})")
     return label
 
 

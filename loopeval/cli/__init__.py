@@ -8,6 +8,10 @@ import argparse
 import sys
 from importlib import import_module
 
+from loopeval.common.threads import set_wait_policy
+
+set_wait_policy()  # before any subcommand imports torch (loopeval.common.threads)
+
 SUBCOMMANDS = ("demo", "check_cache", "place", "decontaminate", "train", "protocol", "compare", "power", "report",
                "serve_cost", "score_audit", "tasks_path", "import_gguf", "local_tasks")
 """In the order ``loopeval --help`` lists them."""
@@ -28,14 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one subcommand. Expected failures (bad input, files, options, templates) print
-    one line on stderr and exit 2; ``LOOPEVAL_DEBUG=1`` shows the traceback instead."""
+    """Run one subcommand. Expected failures (a :class:`~loopeval.common.errors.UserError`,
+    and bad values, files, options, templates) print one line on stderr and exit 2;
+    ``LOOPEVAL_DEBUG=1`` shows the traceback instead."""
     import os
+
+    from loopeval.common.errors import UserError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError) as exc:
+    except (UserError, ValueError, OSError) as exc:
         if os.environ.get("LOOPEVAL_DEBUG"):
             raise
         message = str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.filename}: {exc.strerror}"

@@ -7,13 +7,15 @@ import argparse
 
 def int_list(text: str) -> list[int]:
     """``"2-8"``, ``"2,3,4"`` or a mix (``"0-3,6"``)."""
+    from loopeval.common.errors import whole_number
+
     values = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            values += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers such as 2-8 or 2,3,4") from None
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        bounds = [whole_number(lo), whole_number(hi) if hi else whole_number(lo)]
+        if None in bounds:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers such as 2-8 or 2,3,4")
+        values += list(range(bounds[0], bounds[1] + 1))
     return values
 
 
@@ -77,20 +79,41 @@ def metric_value(text: str) -> tuple[str | None, float]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number or METRIC=NUMBER, e.g. nll_per_byte=0.005") from None
 
 
-def add_margin_option(parser) -> None:
-    """``--margin [METRIC=]VALUE`` (repeatable): the accuracy margin, or a named metric's in its unit."""
-    parser.add_argument("--margin", action="append", type=metric_value, default=[], metavar="[METRIC=]VALUE",
-                        help="equivalence margin: a bare VALUE is the accuracy margin, a fraction (default 0.02, A.5's "
-                        "±2 points); METRIC=VALUE a metric's own, in its unit (e.g. nll_per_byte=0.005). A continuous "
-                        "metric without one gets no equivalence verdict. Repeatable")
+MARGIN_HELP = ("equivalence margin: a bare VALUE is the accuracies' margin, a fraction (default 0.02, A.5's ±2 points); "
+               "METRIC=VALUE a metric's own, in its unit (e.g. nll_per_byte=0.005). A continuous metric without one "
+               "gets no equivalence verdict. Repeatable, once per metric")
+DELTA_HELP = ("difference to detect: a bare VALUE on accuracies, a fraction (0.02 = 2 points); METRIC=VALUE on a metric "
+              "in its own unit (e.g. nll_per_byte=0.005). Repeatable, once per metric")
 
 
-def margin_options(args) -> tuple[float | None, dict[str, float]]:
-    """The accuracy margin (``None``: not given) and the named metrics' margins of ``--margin``."""
-    bare = [v for name, v in args.margin if name is None]
-    if len(bare) > 1:
-        raise ValueError(f"--margin given {len(bare)} bare values; give the accuracy margin once")
-    return (bare[0] if bare else None), {name: v for name, v in args.margin if name is not None}
+def add_metric_option(parser, flag: str, help: str) -> None:
+    """``FLAG [METRIC=]VALUE`` (repeatable): an amount per metric, read by :func:`metric_option`
+    and checked against the runs by :func:`loopeval.analysis.protocol.check_amounts`; ``--margin``
+    of ``compare`` and ``report`` and ``--delta`` of ``power``."""
+    parser.add_argument(flag, action="append", type=metric_value, default=[], metavar="[METRIC=]VALUE", help=help)
+
+
+def keyed_values(pairs, flag: str, what=lambda key: str(key)) -> dict:
+    """``{key: value}`` of a repeatable ``flag``'s ``(key, value)`` pairs; a key given twice is
+    refused (the last would win silently), naming ``what(key)`` and both values."""
+    from loopeval.common.errors import UserError
+
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise UserError(f"{flag} given twice for {what(key)} ({out[key]:g} and {value:g}); give it once"
+                            if isinstance(value, float) else
+                            f"{flag} given twice for {what(key)} ({out[key]!r} and {value!r}); give it once")
+        out[key] = value
+    return out
+
+
+def metric_option(args, flag: str) -> tuple[float | None, dict[str, float]]:
+    """The bare value (``None``: not given) and the named metrics' values of ``flag``
+    (:func:`keyed_values`: one value per metric, and one bare value)."""
+    given = keyed_values(getattr(args, flag.lstrip("-").replace("-", "_")), flag,
+                         lambda name: "the accuracies' value" if name is None else f"metric {name}")
+    return given.pop(None, None), given
 
 
 def add_reading_options(p) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from loopeval.cli._common import add_margin_option, add_reading_options, add_stat_options, margin_options
+from loopeval.cli._common import MARGIN_HELP, add_metric_option, add_reading_options, add_stat_options, metric_option
 
 
 def add(sub) -> None:
@@ -32,7 +32,7 @@ def add(sub) -> None:
     p.add_argument("--family", type=int, metavar="K", help="Bonferroni-adjust every interval for a family of K")
     p.add_argument("--cluster-field", metavar="FIELD", help="resample clusters of items sharing this doc field")
     add_stat_options(p, "cost", "n_resamples", "seed")
-    add_margin_option(p)
+    add_metric_option(p, "--margin", MARGIN_HELP)
     p.add_argument("--intended", nargs="+", default=[], metavar="NAME",
                    help="differences between the runs that are intended (a setting such as chat_template_sha, or "
                    "prompts, generation_kwargs, task_version): the outcomes are shown despite them")
@@ -45,7 +45,7 @@ def run(args) -> int:
 
     from loopeval.analysis.compared import compare_runs
 
-    margin, margins = margin_options(args)
+    margin, margins = metric_option(args, "--margin")
     result = compare_runs(args.baseline, args.candidate, metric=args.metric, tasks=args.tasks,
                           cluster_field=args.cluster_field, cost=args.cost, test=args.test, family=args.family,
                           n_resamples=args.n_resamples, seed=args.seed, allow_subset=args.allow_subset,

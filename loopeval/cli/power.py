@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from loopeval.cli._common import add_stat_options, metric_value
+from loopeval.cli._common import DELTA_HELP, add_metric_option, add_stat_options, metric_option
 
 
 def add(sub) -> None:
@@ -19,9 +19,7 @@ def add(sub) -> None:
     )
     p.add_argument("baseline", help="baseline pilot run (e.g. the twin)")
     p.add_argument("candidate", help="candidate pilot run (e.g. the looped model)")
-    p.add_argument("--delta", action="append", type=metric_value, default=[], metavar="[METRIC=]VALUE",
-                   help="difference to detect: a bare VALUE on accuracies, a fraction (0.02 = 2 points); METRIC=VALUE "
-                   "on a metric in its own unit (e.g. nll_per_byte=0.005). Repeatable")
+    add_metric_option(p, "--delta", DELTA_HELP)
     p.add_argument("--n", type=int, help="items at which to give the minimum detectable difference")
     add_stat_options(p, "alpha")
     p.add_argument("--power", type=float, default=0.8, help="power (default: 0.8)")
@@ -36,11 +34,9 @@ def run(args) -> int:
 
     from loopeval.analysis.compared import pilot_power
 
-    bare = [v for name, v in args.delta if name is None]
-    if len(bare) > 1:
-        raise ValueError(f"--delta given {len(bare)} bare values; give the accuracy difference once")
+    delta, deltas = metric_option(args, "--delta")
     result = pilot_power(args.baseline, args.candidate, alpha=args.alpha, power_=args.power, n=args.n,
-                         delta=bare[0] if bare else None, deltas={k: v for k, v in args.delta if k is not None},
+                         delta=delta, deltas=deltas,
                          metric=args.metric, tasks=args.tasks)
     print(json.dumps(result.as_dict(), indent=2) if args.json else result)
     return 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from loopeval.cli._common import add_margin_option, add_reading_options, add_stat_options, margin_options
+from loopeval.cli._common import (MARGIN_HELP, add_metric_option, add_reading_options, add_stat_options, keyed_values,
+                                  metric_option)
 
 
 def add(sub) -> None:
@@ -38,7 +39,7 @@ def add(sub) -> None:
     p.add_argument("--title")
     p.add_argument("--default-scale", type=float, default=1.0, help="the budget scale of the Δparam test (default 1)")
     add_stat_options(p, "cost", "selection", "alpha", "n_resamples", "seed", flags={"seed": "--bootstrap-seed"})
-    add_margin_option(p)
+    add_metric_option(p, "--margin", MARGIN_HELP)
     p.add_argument("--strict", action="store_true", help="fail instead of warning when a fairness check fails")
     p.add_argument("--intended", nargs="+", default=[], metavar="NAME",
                    help="differences between the sides that are intended (a setting such as chat_template_sha, or "
@@ -48,13 +49,14 @@ def add(sub) -> None:
 
 
 def _assignments(pairs: list[str], flag: str, convert) -> dict[str, object]:
-    out = {}
+    """``RUN=VALUE`` pairs of a repeatable flag, one per run (:func:`keyed_values`)."""
+    split = []
     for pair in pairs:
         run, sep, value = pair.rpartition("=")
         if not sep or not run:
             raise ValueError(f"{flag} {pair!r}: expected RUN=VALUE")
-        out[run] = convert(flag, value)
-    return out
+        split.append((run, convert(flag, value)))
+    return keyed_values(split, flag, lambda run: f"run {run}")
 
 
 def run(args) -> int:
@@ -64,7 +66,6 @@ def run(args) -> int:
     from loopeval.common.outputs import check_outputs
     from loopeval.common.paths import reports_path
     from loopeval.analysis.report import RunSpec, build_report, check_output, write_report
-    from loopeval.analysis.stats.options import DEFAULTS
     from loopeval.evaluation.identity import check_intended
 
     out = check_output(args.out)  # before any work
@@ -87,11 +88,11 @@ def run(args) -> int:
         return RunSpec(run, seed=seeds.get(run), variant=variants.get(run))
 
     check_intended(args.intended)
-    margin, margins = margin_options(args)
+    margin, margins = metric_option(args, "--margin")
     data = build_report(
         [spec(r) for r in args.twin], [spec(r) for r in args.looped], larger=spec(args.larger) if args.larger else None,
         sizes=tuple(args.sizes) if args.sizes else None, default_scale=args.default_scale, cost=args.cost,
-        selection=args.selection, alpha=args.alpha, margin=DEFAULTS.margin if margin is None else margin,
+        selection=args.selection, alpha=args.alpha, margin=margin,
         margins=margins, training_pairs=[tuple(pair) for pair in args.training],
         serve_cost=args.serve_cost, wall_clock=args.wall_clock, title=args.title,
         strict=args.strict, n_resamples=args.n_resamples, seed=args.seed,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from loopeval.common.errors import whole_number
+
 TRUE = frozenset({"true", "1", "yes", "on"})
 FALSE = frozenset({"false", "0", "no", "off"})
 
@@ -32,12 +34,9 @@ def as_int(name: str, value, *, minimum: int | None = None) -> int:
     elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
         number = int(value)
     elif isinstance(value, str):
-        try:
-            number = int(value.strip())
-        except ValueError:
-            pass
+        number = whole_number(value)
     if number is None:
-        raise ValueError(f"{name}={value!r}: expected a whole number")
+        raise ValueError(f"{name}={value!r}: expected a whole number (ASCII digits)")
     if minimum is not None and number < minimum:
         raise ValueError(f"{name}={value!r}: must be >= {minimum}")
     return number

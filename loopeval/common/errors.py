@@ -16,3 +16,13 @@ class UserError(ValueError):
     def __init__(self, message: str, *, fix: str | None = None):
         self.fix = fix
         super().__init__(message if not fix else f"{message}; {fix}")
+
+
+def whole_number(text: str) -> int | None:
+    """The whole number ``text`` spells in ASCII digits (an optional sign and surrounding
+    spaces allowed), else ``None``: no Unicode digits (``'²'``, ``'٣'``), no underscores."""
+    body = text.strip()
+    digits = body[1:] if body[:1] in "+-" else body
+    if not digits or not all("0" <= c <= "9" for c in digits):
+        return None
+    return int(body)

@@ -22,14 +22,19 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def read_jsonl(path: str | Path, parse: Callable[[int, dict], T | None], *, what: str) -> Iterator[tuple[int, T]]:
+def read_jsonl(path: str | Path, parse: Callable[[int, dict], T | None], *, what: str,
+               byte_order_mark: bool = False) -> Iterator[tuple[int, T]]:
     """Yield ``(line number, parse(line number, record))`` for every non-blank line,
     skipping records ``parse`` maps to ``None``. Invalid JSON, or a ``KeyError``,
     ``TypeError`` or ``ValueError`` from ``parse``, raises ``ValueError`` naming
-    ``path``, the line and ``what`` the file is."""
+    ``path``, the line and ``what`` the file is. ``byte_order_mark``: a UTF-8 byte-order
+    mark before the first line is read as lm-eval's loader reads it (data files; loopeval
+    writes none in its own)."""
     path = Path(path)
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and byte_order_mark:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:

@@ -19,10 +19,14 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from loopeval.common.errors import UserError
 from loopeval.common.jsonl import append_jsonl, read_jsonl, repair_tail
 from loopeval.common.paths import installed_folders
 
 LOCK_NAME = ".loopeval.lock"
+PID_LIMIT = 2 ** 22
+"""The largest pid Linux hands out on any host (``PID_MAX_LIMIT``); a lock naming a pid
+outside 1..PID_LIMIT was not written by loopeval."""
 WRITTEN_NAME = ".loopeval_written.jsonl"
 """The paths (relative to its folder) a command records before writing them, so that
 ``--overwrite`` removes only what loopeval wrote (:func:`record_written`)."""
@@ -94,17 +98,30 @@ def _me() -> dict:
             "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _read_holder(text: str) -> dict | None:
-    """The holder a lock file names; a lock of loopeval before issue 32 holds a bare pid."""
+    """The holder a lock file names, or ``None`` when loopeval did not write ``text``: a JSON
+    object with a ``host`` (text), a ``pid`` (a whole number from 1 to
+    ``PID_LIMIT``), and optionally a ``boot`` and ``since`` (text) and a ``started`` (a whole
+    number); a lock of loopeval before issue 32 holds such a bare pid."""
     try:
         holder = json.loads(text)
     except ValueError:
         return None
-    if isinstance(holder, int) and not isinstance(holder, bool) and holder > 0:
-        return {"host": socket.gethostname(), "boot": _boot_id(), "pid": holder, "started": None}
-    if isinstance(holder, dict) and isinstance(holder.get("pid"), int) and isinstance(holder.get("host"), str):
-        return holder
-    return None
+    if _is_int(holder):
+        holder = {"host": socket.gethostname(), "boot": _boot_id(), "pid": holder, "started": None}
+    if not isinstance(holder, dict) or not isinstance(holder.get("host"), str) or not _is_int(holder.get("pid")):
+        return None
+    if not 1 <= holder["pid"] <= PID_LIMIT:
+        return None
+    optional = {"boot": str, "since": str, "started": int}
+    if any(holder.get(k) is not None and not (isinstance(holder[k], kind) and not isinstance(holder[k], bool))
+           for k, kind in optional.items()):
+        return None
+    return holder
 
 
 def _gone(holder: dict) -> bool:
@@ -162,15 +179,19 @@ def folder_lock(folder: str | Path, what: str):
         if taken:
             break
         try:
-            text = lock.read_text()
+            text = lock.read_bytes().decode("utf-8")
         except FileNotFoundError:
             continue  # released meanwhile
         except OSError as exc:
-            raise ValueError(f"{what}: cannot read the lock {lock} ({exc})") from None
-        holder = _read_holder(text)
+            raise UserError(f"{what}: cannot read the lock {lock} ({exc})") from None
+        except UnicodeDecodeError:
+            text = None
+        holder = None if text is None else _read_holder(text)
         if holder is None:
-            raise ValueError(f"{what}: {lock} is not a loopeval lock ({text[:60]!r}); if no loopeval process "
-                             f"uses {folder}, delete it") from None
+            shown = repr(text[:60]) if text is not None else "not UTF-8 text"
+            raise UserError(f"{what}: {lock} is not a lock written by loopeval ({shown}; loopeval writes "
+                            f"a JSON object naming host and pid, a pid from 1 to {PID_LIMIT})",
+                            fix=f"if no loopeval process uses {folder}, delete {lock}") from None
         if not _gone(holder):
             where = "" if holder["host"] == me["host"] else f" on host {holder['host']}"
             since = f", since {holder['since']}" if holder.get("since") else ""
@@ -207,8 +228,12 @@ def _take_over(lock: Path, stale: str) -> None:
 def aside(folder: str | Path, stem: str | None = None) -> Path:
     """A new, empty folder ``folder/.replaced/STEM.TIME`` (``TIME`` alone without a stem) to
     move superseded results into; a name already taken (two moves within one second) gets
-    ``-2``, ``-3``, ... so that nothing moved aside earlier is overwritten or refused."""
+    ``-2``, ``-3``, ... so that nothing moved aside earlier is overwritten or refused. A file
+    (not a folder) named ``.replaced`` is refused, naming it, before anything moves."""
     base = Path(folder) / ".replaced"
+    if (base.exists() or base.is_symlink()) and not base.is_dir():
+        raise UserError(f"{base} is not a folder: loopeval moves superseded results into a folder of that name",
+                        fix="move or delete that file, then run again")
     base.mkdir(parents=True, exist_ok=True)
     name = ".".join(filter(None, (stem, time.strftime("%Y%m%dT%H%M%S"))))
     for n in itertools.count(1):

@@ -14,6 +14,14 @@ machine's load, so that a run's outputs do not depend on other processes.
 * otherwise torch's own default, one thread per available core (what ``--model hf``
   uses), shared evenly by ``workers`` processes.
 
+Idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``, set when
+``loopeval`` is imported, unless the environment sets it): a spinning thread takes a core
+that another job needs, and next to one all-core job training ran 27x slower than alone
+with spinning threads, 2x with sleeping ones (docs/benchmarks.md, "Threads"). The policy
+decides only what a waiting thread does, never a reduction order, so it changes no output.
+The OpenMP runtime reads it once, when it starts (torch's import): where torch was
+imported before loopeval, its threads spin, and the warning below says so.
+
 Other processes on the machine slow a run that uses every core (a descheduled thread
 holds up each parallel region; docs/benchmarks.md, "Threads"); when a short sample of
 ``/proc/stat`` finds them busy at the start, a warning names an ``OMP_NUM_THREADS`` that
@@ -26,9 +34,12 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
+
+from loopeval.common.errors import UserError, whole_number
 
 ENV_VARS = ("LOOPEVAL_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 MAX_PER_CORE = 4
@@ -56,6 +67,27 @@ class ThreadChoice:
 
 _CHOICE: ThreadChoice | None = None
 
+WAIT_POLICY = "PASSIVE"
+"""``OMP_WAIT_POLICY`` for every process loopeval starts or runs in (module docstring)."""
+_SPINNING: bool | None = None  # whether the OpenMP runtime had started with another policy when loopeval set it
+
+
+def set_wait_policy() -> None:
+    """Make idle OpenMP threads sleep (:data:`WAIT_POLICY`) unless ``OMP_WAIT_POLICY`` is
+    set; effective only before torch is first imported (``loopeval/__init__`` calls it),
+    and inherited by every process loopeval starts."""
+    global _SPINNING
+    if _SPINNING is None:
+        _SPINNING = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ
+    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+
+
+def threads_spin() -> bool:
+    """Whether this process's idle OpenMP threads spin: torch started before loopeval could
+    set :data:`WAIT_POLICY`, or the environment asks for it."""
+    asked = os.environ.get("OMP_WAIT_POLICY", "").strip().upper()
+    return bool(_SPINNING) or asked == "ACTIVE"
+
 
 def available_cores() -> int:
     """Cores this process may run on (its CPU affinity), at least one."""
@@ -69,14 +101,14 @@ def check_threads(value, name: str = "threads") -> int:
     """``value`` (an int, or the text of one) as a thread count, or ``ValueError`` naming
     ``name``: a whole number from 1 to ``MAX_PER_CORE`` times the available cores."""
     n = None
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        n = int(value.strip())
+    if isinstance(value, str):
+        n = whole_number(value)
     elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
         n = int(value)
     limit = MAX_PER_CORE * available_cores()
     if n is None or not 1 <= n <= limit:
-        raise ValueError(f"{name}={value!r}: expected a whole number of threads from 1 to {limit} "
-                         f"({MAX_PER_CORE} per available core)")
+        raise UserError(f"{name}={value!r}: expected a whole number of threads from 1 to {limit} "
+                        f"({MAX_PER_CORE} per available core), in ASCII digits", fix=f"set {name} to such a number or unset it")
     return n
 
 

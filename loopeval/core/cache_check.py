@@ -34,6 +34,25 @@ DEFAULT_ATOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.bfloat16: 0.5, t
 # weights can round further apart (module docstring), so a failure is decided in float64.
 DEFAULT_RTOL = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
+
+
+def rounding_tolerance(logits: torch.Tensor, dtype: torch.dtype, *, atol: float | None = None,
+                       rtol: float | None = None) -> torch.Tensor:
+    """Per step (the last dimension is the vocabulary): how far two correct computations of
+    these logits in ``dtype`` may round apart, ``max(atol, rtol * max |logit|)`` with the
+    dtype's defaults (:data:`DEFAULT_ATOL`, :data:`DEFAULT_RTOL`)."""
+    atol = DEFAULT_ATOL.get(dtype, 1e-3) if atol is None else atol
+    rtol = DEFAULT_RTOL.get(dtype, 2e-4) if rtol is None else rtol
+    return torch.clamp(rtol * logits.abs().amax(-1), min=atol)
+
+
+def clear_winner(logits: torch.Tensor, tolerance: torch.Tensor) -> torch.Tensor:
+    """Per step: whether the top logit leads the runner-up by more than ``tolerance``, so
+    that no rounding within it can change the greedy token (outside a numerical tie)."""
+    top2 = logits.topk(2, dim=-1).values
+    return (top2[..., 0] - top2[..., 1]) > tolerance
+
+
 DEFAULT_PROMPTS = (
     "Tom has 3 apples and buys 4 more. How many apples does he have?",
     "A train travels 60 miles in 1.5 hours. What is its speed?",
@@ -168,10 +187,8 @@ def _check(model, tokenizer, prompts: list[str], max_new_tokens: int, *, atol: f
 
     gap = (full - cached).abs().amax(-1)
     magnitude = full.abs().amax(-1)
-    tolerance = torch.clamp(rtol * magnitude, min=atol)
-    top2 = full.topk(2, dim=-1).values
-    clear_winner = (top2[..., 0] - top2[..., 1]) > tolerance
-    wrong_token = (full.argmax(-1) != generated) & clear_winner
+    tolerance = rounding_tolerance(full, dtype, atol=atol, rtol=rtol)
+    wrong_token = (full.argmax(-1) != generated) & clear_winner(full, tolerance)
     bad = valid & ((gap > tolerance) | wrong_token)
     first, row = None, None
     if bad.any():

@@ -35,7 +35,8 @@ def load_model(
     has one is a ``ValueError``, and the spec is checked against the config before any
     weights load. ``gguf_file=NAME`` loads the GGUF file ``NAME`` in the folder ``path``
     (transformers dequantises it at every load; :func:`loopeval.core.gguf.import_gguf` saves
-    it once as a float checkpoint); a GGUF whose tensors leave weights unset is refused.
+    it once as a float checkpoint); a GGUF whose tensors leave weights unset, or with no
+    tokenizer of its own (:func:`loopeval.core.gguf.check_gguf_tokenizer`), is refused.
     """
     from transformers import AutoTokenizer
 
@@ -44,6 +45,10 @@ def load_model(
     config_kwargs = {k: from_pretrained_kwargs[k] for k in ("revision", "trust_remote_code", "gguf_file")
                      if k in from_pretrained_kwargs}
     wanted = resolve_loop(path, loop, operator=operator, beta=beta, mix=mix, mix_source=mix_source, **config_kwargs)
+    if config_kwargs.get("gguf_file") and Path(path).is_dir():
+        from loopeval.core.gguf import check_gguf_tokenizer
+
+        check_gguf_tokenizer(path, config_kwargs["gguf_file"])
     model = from_pretrained_checked(path, **from_pretrained_kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, **config_kwargs)
     if wanted is not None:

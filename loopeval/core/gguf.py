@@ -21,12 +21,18 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from loopeval.common.errors import UserError
 from loopeval.common.outputs import check_not_installed
-from loopeval.core.gguf_header import check_header
+from loopeval.core.gguf_header import GGUFHeader, check_header
 
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
 IMPORT_RECORD = "gguf_import.json"
+TOKENIZER_FILE = "tokenizer.json"
+"""The file transformers takes a tokenizer from in a folder before a ``gguf_file``'s own
+(``TokenizersBackend.__init__``: ``tokenizer_file``, then ``gguf_file``)."""
+_TOKEN_SAMPLE = 256
+"""Token ids compared between a folder's tokenizer and the GGUF's token list."""
 
 
 def chat_template_fix(folder: str | Path) -> str:
@@ -63,6 +69,87 @@ def check_gguf(file: str | Path) -> Path:
     return path
 
 
+def _embedding_rows(header: GGUFHeader) -> int:
+    shape = header.tensors["token_embd.weight"].shape  # GGUF order: (width, vocabulary)
+    return shape[1] if len(shape) > 1 else shape[0]
+
+
+def check_gguf_folder(folder: str | Path, gguf_file: str) -> GGUFHeader:
+    """The GGUF ``folder/gguf_file`` (:func:`check_gguf`), and the checkpoint files beside
+    it are its own: transformers reads the model from the file, but loopeval reads the
+    folder's ``loop_config.json`` and exit gate, so a ``config.json`` there that describes
+    another model (its layers, width or vocabulary differ from the file's) is refused,
+    naming both, before any weights load."""
+    path = check_gguf(Path(folder) / gguf_file)
+    header = check_header(path)
+    config_file = Path(folder) / "config.json"
+    if not config_file.is_file():
+        return header
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{config_file}: not a JSON config ({exc})",
+                        fix=f"remove it, or give {gguf_file} in a folder of its own") from None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    arch, meta = header.architecture, header.metadata
+    theirs = {"layers": text.get("num_hidden_layers"), "width": text.get("hidden_size"),
+              "vocabulary": text.get("vocab_size")}
+    ours = {"layers": meta.get(f"{arch}.block_count"), "width": meta.get(f"{arch}.embedding_length"),
+            "vocabulary": _embedding_rows(header)}
+    differ = [k for k in ours if theirs[k] is not None and theirs[k] != ours[k]]
+    if differ:
+        shown = ", ".join(f"{k} {theirs[k]} vs {ours[k]}" for k in differ)
+        raise UserError(f"gguf_file={gguf_file}: {config_file} describes another model than {path} ({shown}); "
+                        "loopeval would read that folder's loop and exit gate for the GGUF's weights",
+                        fix=f"give {gguf_file} in a folder of its own, or its own checkpoint folder")
+    return header
+
+
+def check_gguf_tokenizer(folder: str | Path, gguf_file: str, tokenizer: str | Path | None = None) -> None:
+    """The tokenizer a GGUF model will be given is the file's, checked before any weights load:
+    ``tokenizer`` (a path or hub id), else the folder's :data:`TOKENIZER_FILE` (transformers
+    prefers it to the file's), else the file's own ``tokenizer.ggml.*`` metadata, which must
+    then be there. A tokenizer with more tokens than the file's embedding has rows, or whose
+    tokens differ from the file's token list (most of a fixed sample of ids), belongs to
+    another model and is refused, naming both."""
+    header = check_gguf_folder(folder, gguf_file)
+    path = Path(folder) / gguf_file
+    meta = header.metadata
+    tokens = meta.get("tokenizer.ggml.tokens")
+    source = tokenizer if tokenizer is not None else (Path(folder) if (Path(folder) / TOKENIZER_FILE).is_file() else None)
+    if source is None and (not isinstance(meta.get("tokenizer.ggml.model"), str) or not isinstance(tokens, list)
+                           or not tokens):
+        raise UserError(f"gguf_file={gguf_file}: {path} carries no tokenizer (no tokenizer.ggml.model and "
+                        f"tokenizer.ggml.tokens metadata) and {folder} holds no {TOKENIZER_FILE}",
+                        fix=f"put the model's tokenizer files (tokenizer.json, tokenizer_config.json) in {folder}, "
+                        "or give a GGUF exported with its tokenizer")
+    from transformers import AutoTokenizer
+
+    which = (f"the tokenizer of {path}" if source is None else f"the tokenizer {source}" if tokenizer is not None
+             else f"the tokenizer in {source}, which transformers takes before the file's own,")
+    try:  # the tokenizer alone, as the loaders will build it: cheap, and before any weights
+        given = (AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file) if source is None
+                 else AutoTokenizer.from_pretrained(str(source)))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0] or type(exc).__name__
+        raise UserError(f"gguf_file={gguf_file}: {which} does not load ({type(exc).__name__}: {first})",
+                        fix=f"give {gguf_file} with its own model's tokenizer files, or in a folder of its own") from None
+    if source is None:
+        return
+    rows, size = _embedding_rows(header), len(given)
+    mismatch = size > rows
+    if not mismatch and isinstance(tokens, list) and tokens:
+        n = min(size, len(tokens))
+        ids = sorted({i * n // _TOKEN_SAMPLE for i in range(_TOKEN_SAMPLE)})
+        theirs = given.convert_ids_to_tokens(ids)
+        mismatch = sum(t != tokens[i] for t, i in zip(theirs, ids)) * 2 > len(ids)
+    if mismatch:
+        raise UserError(f"gguf_file={gguf_file}: the tokenizer in {source} ({size} tokens) is not the tokenizer of "
+                        f"{path} (an embedding of {rows} rows"
+                        + (f", {len(tokens)} listed tokens)" if isinstance(tokens, list) and tokens else ")"),
+                        fix=f"give {gguf_file} with its own model's tokenizer files, or in a folder of its own")
+
+
 def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") -> Path:
     """Write the model in the GGUF ``file`` as a float Hugging Face checkpoint folder ``out``.
 
@@ -84,6 +171,7 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
     check_not_installed(out, "--out")
     path = check_gguf(file).resolve()
     folder, name = path.parent, path.name
+    check_gguf_tokenizer(folder, name)
     loaded = from_pretrained_checked(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     has_template = bool(getattr(tokenizer, "chat_template", None))

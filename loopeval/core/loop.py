@@ -55,13 +55,14 @@ def check_source(path: str | Path, *, revision: str | None = None, trust_remote_
     model whose config can be read. A path that looks local is named as a missing folder,
     not as a malformed hub id. With ``gguf_file`` (a GGUF file inside the folder, as
     transformers' ``from_pretrained(path, gguf_file=...)`` takes it) a local folder must
-    hold that file, and it must be GGUF."""
+    hold that file, it must be GGUF, and a ``config.json`` beside it must describe its model
+    (:func:`loopeval.core.gguf.check_gguf_folder`)."""
     text = str(path)
     if Path(text).is_dir():
         if gguf_file is not None:
-            from loopeval.core.gguf import check_gguf
+            from loopeval.core.gguf import check_gguf_folder
 
-            check_gguf(Path(text) / gguf_file)
+            check_gguf_folder(text, gguf_file)
         return
     if text.startswith((".", "/", "~")) or text.count("/") != 1 or "\\" in text:
         raise ValueError(f"{text}: no such local folder (a hub id has the form org/name)")

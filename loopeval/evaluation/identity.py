@@ -233,22 +233,27 @@ def loaded_fingerprint(model_args: Mapping, *, weights: bool = True) -> dict[str
 
 TASK_PATHS = ("data_files", "cache_dir")
 """``dataset_kwargs`` that name where a task's data lies, not what it holds (its documents are hashed)."""
+TASK_METADATA_PATHS = ("config_source",)
+"""``metadata`` keys lm-eval adds that name where a task's YAML lies (its content is hashed)."""
 
 
 def task_fingerprint(task) -> str:
     """sha256 of an lm-eval task's whole definition, as loaded: its config after includes
-    and overrides (functions as their source; without the data's paths, :data:`TASK_PATHS`),
+    and overrides (functions as their source; without the data's and the YAML's paths, :data:`TASK_PATHS`
+    and :data:`TASK_METADATA_PATHS`),
     the source files of its functions (the ``utils.py`` they live in) and of the modules those
     import from their own folder or from loopeval (:func:`_local_sources`: the scorer behind
     a task's ``process_results``), and the content of every evaluation and few-shot document
     (after ``process_docs``), so an edited data file, YAML or scorer changes it, a moved data
-    file does not."""
+    file or task folder does not."""
     import inspect
 
     digest = hashlib.sha256()
     config = task.config.to_dict(keep_callable=True)
     config["dataset_kwargs"] = {k: v for k, v in (config.get("dataset_kwargs") or {}).items()
                                 if k not in TASK_PATHS}
+    if isinstance(config.get("metadata"), Mapping):
+        config["metadata"] = {k: v for k, v in config["metadata"].items() if k not in TASK_METADATA_PATHS}
     files = set()
 
     def plain(value):

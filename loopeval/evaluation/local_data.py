@@ -127,7 +127,7 @@ def _records(file: Path) -> list[tuple[str, dict]]:
 
     if ext == "json":
         try:
-            text = file.read_text(encoding="utf-8")
+            text = file.read_text(encoding="utf-8-sig")
             whole = json.loads(text)
         except (ValueError, UnicodeDecodeError):
             whole = None  # JSON lines, read below
@@ -140,9 +140,9 @@ def _records(file: Path) -> list[tuple[str, dict]]:
         elif whole is not None and (not isinstance(whole, dict) or "\n" in text.strip()):
             raise ValueError(f"{file}: holds a JSON {type(whole).__name__}, not records (JSON lines or a list of objects)")
     if ext in ("jsonl", "json"):
-        rows = [(f"{file}:{lineno}", r) for lineno, r in read_jsonl(file, an_object, what="data")]
+        rows = [(f"{file}:{lineno}", r) for lineno, r in read_jsonl(file, an_object, what="data", byte_order_mark=True)]
     elif ext == "csv":
-        with file.open(newline="", encoding="utf-8") as f:
+        with file.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is not a field name
             reader = csv.DictReader(f)
             rows = [(f"{file}:{reader.line_num}", dict(r)) for r in reader]
     elif ext == "parquet":

@@ -184,6 +184,10 @@ the task's instruction asks for."""
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 
+_GOLD_NUMBER = re.compile(r"[-+]?[0-9]+(?:\.[0-9]+)?")
+"""A GSM8K gold answer: a whole or decimal number in ASCII digits (commas removed)."""
+
+
 def gsm8k_solution(solution: str) -> str:
     """A GSM8K reference solution as the boxed task asks a model to write it: the
     calculator annotations (``<<48/2=24>>``, the dataset's tool calls, never part of a
@@ -195,11 +199,14 @@ def gsm8k_solution(solution: str) -> str:
 
 
 def gsm8k_gold(solution: str) -> str:
-    """The reference number of a GSM8K solution: the text after ``####``, without commas."""
+    """The reference number of a GSM8K solution: the text after ``####``, without commas;
+    anything but a number in ASCII digits there (``#### eighteen``) is refused."""
     _, sep, tail = solution.rpartition("####")
     number = tail.strip().replace(",", "")
     if not sep or not number:
         raise ValueError(f"GSM8K solution has no '#### <number>' line: {solution[-80:]!r}")
+    if not _GOLD_NUMBER.fullmatch(number):
+        raise ValueError(f"GSM8K solution's '#### <number>' line holds {tail.strip()!r}, not a number in digits")
     return number
 
 

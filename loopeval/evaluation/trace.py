@@ -213,7 +213,8 @@ class TraceWriter:
 
 
 def read_trace(path: str | Path) -> Trace:
-    """Read one trace file; a corrupt line raises ``ValueError`` naming the file and line."""
+    """Read one trace file; a corrupt line raises ``ValueError`` naming the file and line, and
+    how to get rid of it (move the file out of its folder, or evaluate again)."""
     path = Path(path)
 
     def parse(lineno: int, rec: dict):
@@ -221,17 +222,23 @@ def read_trace(path: str | Path) -> Trace:
             if rec.get("kind") != "header":
                 raise ValueError("not a loopeval trace header")
             return Trace(path=path, created=float(rec["created"]), header=TraceHeader.from_record(rec))
-        rec.pop("kind")
+        kind = rec.pop("kind", None)
+        if kind != "item":
+            raise ValueError(f"kind {kind!r}: every line after the header is an item")
         return TraceItem(**check_fields(TraceItem, rec))
 
     trace = None
-    for lineno, value in read_jsonl(path, parse, what="loopeval trace"):
-        if lineno == 1:
-            trace = value
-        else:
-            trace.items.append(value)
+    fix = f"; not a trace as loopeval writes it: move {path.name} out of {path.parent}, or evaluate again"
+    try:
+        for lineno, value in read_jsonl(path, parse, what="loopeval trace"):
+            if lineno == 1:
+                trace = value
+            else:
+                trace.items.append(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}{fix}") from None
     if trace is None:
-        raise ValueError(f"{path}: empty loopeval trace file")
+        raise ValueError(f"{path}: empty loopeval trace file{fix}")
     check_against_loop(trace)
     return trace
 

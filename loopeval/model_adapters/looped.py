@@ -27,12 +27,16 @@ from __future__ import annotations
 import importlib
 import sys
 
-from lm_eval.api.model import LM
-from lm_eval.utils import simple_parse_args_string
+from loopeval.common.threads import set_wait_policy
 
-from loopeval.common.errors import UserError
-from loopeval.evaluation.model_args import explicit_flag
-from loopeval.evaluation.session import Session
+set_wait_policy()  # before torch starts its OpenMP runtime (loopeval.common.threads)
+
+from lm_eval.api.model import LM  # noqa: E402
+from lm_eval.utils import simple_parse_args_string  # noqa: E402
+
+from loopeval.common.errors import UserError  # noqa: E402
+from loopeval.evaluation.model_args import explicit_flag  # noqa: E402
+from loopeval.evaluation.session import Session  # noqa: E402
 
 BACKENDS = {"hf": "loopeval.evaluation.hf_backend:HFBackend", "vllm": "loopeval.engines.vllm_backend:VLLMBackend"}
 """The backend of each ``engine=`` value, imported when chosen: a third backend is one entry here

@@ -272,6 +272,22 @@ def test_runs_without_seeds_are_refused_and_explicit_seeds_pair_by_seed(runs, tm
         build_report([RunSpec(p, seed=0) for p in twins], [RunSpec(p, seed=s) for p, s in zip(loops, (0, 1))])
 
 
+def test_one_checkpoint_given_as_two_seeds_is_refused_by_its_weights(tmp_path, make_runs):
+    """Two evaluations of the same weights (the trace's fingerprint), given as seeds 0 and 1,
+    would count one checkpoint twice."""
+    from loopeval.analysis.report import RunSpec
+
+    for name, args in (("t0", "pretrained=toy/twin,p=0.5,seed=0,weights=w-twin"),
+                       ("t1", "pretrained=toy/twin-copy,p=0.55,seed=5,weights=w-twin"),
+                       ("l0", "pretrained=toy/looped,p=0.7,seed=1,cost=1.25,weights=w-a"),
+                       ("l1", "pretrained=toy/looped,p=0.6,seed=6,cost=1.25,weights=w-b")):
+        make_runs.make_run(tmp_path / name, args, tasks=TASKS)
+    with pytest.raises(ValueError, match=r"runs of twin @ 1×: .*t0 \(seed 0\) and .*t1 \(seed 1\) evaluated the same "
+                                         r"weights \(fingerprint w-twin\): one checkpoint is one seed"):
+        build_report([RunSpec(tmp_path / n, seed=s) for n, s in (("t0", 0), ("t1", 1))],
+                     [RunSpec(tmp_path / n, seed=s) for n, s in (("l0", 0), ("l1", 1))], n_resamples=200)
+
+
 def test_the_best_cheaper_search_spans_every_twin_variant(runs, tmp_path, make_runs):
     from loopeval.analysis.report import RunSpec
 

@@ -208,7 +208,7 @@ def test_items_missing_from_the_trace_are_refused_when_costs_are_needed(tmp_path
     trace.write_text("\n".join(line for line in lines if '"doc_id": 7,' not in line or "toy_arith" not in line) + "\n")
     run = load_run(folder)
     assert run.tasks["toy_arith"].accuracy == load_run(RUNS / "twin").tasks["toy_arith"].accuracy
-    with pytest.raises(ValueError, match="toy_arith: 1 of 60 items have no trace record.*doc_id 7.*--use_cache"):
+    with pytest.raises(ValueError, match="toy_arith: 1 of 60 items have no trace record.*doc_id 7.*the trace lost their lines.*evaluate again"):
         run.cost(["toy_arith"])
     # the missing record sits in a trace written after the run: it belongs to another run, and the error says so
     results = json.loads(run.path.read_text())

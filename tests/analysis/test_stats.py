@@ -338,7 +338,7 @@ def test_display_formats_points_and_the_resampling_floor():
 def test_units_are_fractions():
     from loopeval.analysis.stats import best_cheaper, ceiling_gain, tost
 
-    with pytest.raises(ValueError, match=r"margin must be a fraction in \(0, 1\), got 2 \(fractions, not points: 2 points is 0.02\)"):
+    with pytest.raises(ValueError, match=r"margin=2: expected a fraction in \(0, 1\) \(fractions, not points: 2 points is 0.02\)"):
         tost([1, 0, 1], [0, 1, 1], margin=2)
     with pytest.raises(ValueError, match=r"acc_small must be a fraction in \[0, 1\], got 59.7 \(fractions, not points"):
         ceiling_gain(1.29, 4e9, 9e9, 59.7, 67.6)

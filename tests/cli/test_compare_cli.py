@@ -148,9 +148,9 @@ def test_a_pilot_is_accepted_with_allow_subset_and_labelled(capsys, tmp_path):
     assert "a pilot: --allow-subset" in err
     assert main(["compare", str(RUNS / "limited"), str(folder), "--allow-subset", "--n-resamples", "500"]) == 0
     text = capsys.readouterr().out
-    assert text.splitlines()[0] == "pilot: 30 of 102 items; outcomes below are a pilot's, not a final verdict"
+    assert text.splitlines()[0] == "pilot: 10 of 12 items of toy_aime, 10 of 60 items of toy_arith, 10 of 30 items of toy_mc; outcomes below are a pilot's, not a final verdict"
     out = run_json(capsys, str(RUNS / "limited"), str(folder), "--allow-subset", "--n-resamples", "500")
-    assert out["pilot"] == "pilot: 30 of 102 items"
+    assert out["pilot"] == "pilot: 10 of 12 items of toy_aime, 10 of 60 items of toy_arith, 10 of 30 items of toy_mc"
 
 
 def test_missing_items_are_refused(capsys, tmp_path):

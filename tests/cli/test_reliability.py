@@ -109,7 +109,7 @@ TABLE = {
                                                     "vllm", "--cache", "static", "--compile", "--batch-sizes", "1",
                                                     "--out", str(tmp / "serve")],
                                        r"--engine vllm: --cache static, --compile set transformers' generate", 2),
-    "power-bad-delta": (["power", str(RUNS / "twin"), str(RUNS / "looped"), "--delta", "2"], r"delta must be a fraction in \(-1, 1\), got 2.0 \(fractions, not points", 2),
+    "power-bad-delta": (["power", str(RUNS / "twin"), str(RUNS / "looped"), "--delta", "2"], r"--delta=2.0: expected a fraction in \(0, 1\) \(fractions, not points: 2 points is 0.02\)", 2),
     "import-gguf-missing": (lambda tmp: ["import-gguf", str(tmp / "no.gguf"), "--out", str(tmp / "out")],
                             r"no.gguf: no such GGUF file", 2),
     "import-gguf-not-gguf": (lambda tmp: ["import-gguf", str(_file(tmp)), "--out", str(tmp / "out")],

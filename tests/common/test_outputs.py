@@ -85,13 +85,13 @@ def test_a_reused_pid_frees_the_lock_but_another_hosts_holder_keeps_it(tmp_path)
     finally:
         other.kill()
         other.wait()
-    (tmp_path / LOCK_NAME).write_text(_lock_of(2 ** 22 + 1, host="node-7", boot="x"))  # a pid free here
-    with pytest.raises(ValueError, match=r"in use by another loopeval process \(pid 4194305 on host node-7.*"
+    (tmp_path / LOCK_NAME).write_text(_lock_of(2 ** 22, host="node-7", boot="x"))  # another host's pid
+    with pytest.raises(ValueError, match=r"in use by another loopeval process \(pid 4194304 on host node-7.*"
                                          r"cannot tell .* whether it still runs: if it does not, delete .*\.loopeval\.lock"):
         with folder_lock(tmp_path, "train"):
             pytest.fail("another host's lock was taken")
     (tmp_path / LOCK_NAME).write_text("garbage")
-    with pytest.raises(ValueError, match=r"\.loopeval\.lock is not a loopeval lock \('garbage'\); if no loopeval"):
+    with pytest.raises(ValueError, match=r"\.loopeval\.lock is not a lock written by loopeval \('garbage'; .*\); if no loopeval"):
         with folder_lock(tmp_path, "train"):
             pytest.fail("an unreadable lock was taken")
 

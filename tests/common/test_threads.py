@@ -131,3 +131,33 @@ def test_fresh_process_next_to_a_busy_job_takes_the_idle_count():
                              env=base, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [threads.available_cores(), "default", threads.available_cores()]
     assert "other processes keep" in out.stderr
+
+
+def _spin_count(code: str, **env) -> tuple[str, str]:
+    """How long the OpenMP runtime of a fresh process running ``code`` lets an idle thread
+    spin, as GNU OpenMP itself reports it at start-up (``OMP_DISPLAY_ENV=VERBOSE``), and what
+    ``code`` printed; skips where torch's OpenMP runtime is not GNU's."""
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, "OMP_DISPLAY_ENV": "VERBOSE", **env},
+                         capture_output=True, text=True, check=True)
+    counts = [line.split("'")[1] for line in out.stderr.splitlines() if line.strip().startswith("GOMP_SPINCOUNT =")]
+    if not counts:
+        pytest.skip("torch's OpenMP runtime here is not GNU OpenMP: it does not report its spin count")
+    return counts[0], out.stdout.strip()
+
+
+_SPINS = "; from loopeval.common.threads import threads_spin; print(threads_spin())"
+
+
+@pytest.mark.slow
+def test_idle_threads_sleep_in_loopevals_entry_points():
+    """Issue 38: the ``loopeval`` command and lm-eval's ``looped`` model start torch's OpenMP
+    runtime with passive waiting (spin count 0); where torch started first its threads spin
+    (GNU's default, 300000) and loopeval knows it; a user's ``OMP_WAIT_POLICY`` stands."""
+    assert _spin_count("import loopeval.cli, torch" + _SPINS) == ("0", "False")
+    adapter = "from lm_eval.api.registry import get_model; get_model('looped'); import torch" + _SPINS
+    assert _spin_count(adapter) == ("0", "False")
+    count, spins = _spin_count("import torch, loopeval.cli" + _SPINS)
+    assert int(count) > 0 and spins == "True"
+    count, spins = _spin_count("import loopeval.cli, torch" + _SPINS, OMP_WAIT_POLICY="active")
+    assert int(count) > 0 and spins == "True"

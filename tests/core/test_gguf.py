@@ -71,7 +71,11 @@ def test_a_damaged_gguf_is_refused_in_one_line_naming_the_file(tmp_path):
 def test_a_gguf_whose_tensors_do_not_make_its_architectures_model_is_refused(tmp_path):
     """A Llama file labelled qwen2 (metadata renamed too) passes the header, but Qwen2 has
     attention biases the file lacks: transformers would initialise them; the import refuses."""
-    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen2")
+    from loopeval.tools.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen2", vocab=len(tokenizer),
+                           tokens=tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
     with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model: \d+ weights are missing "
                                          r"\(e.g. model.layers.0.self_attn.\w_proj.bias\)"):
         import_gguf(path, tmp_path / "out")
@@ -80,10 +84,59 @@ def test_a_gguf_whose_tensors_do_not_make_its_architectures_model_is_refused(tmp
     from loopeval import load_model
     from loopeval.model_adapters.looped import LoopedLM
 
+    tokenizer.save_pretrained(tmp_path)  # the file's own tokenizer, beside it
     with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model"):
         load_model(tmp_path, gguf_file="q.gguf")
-    from loopeval.tools.tiny import tiny_tokenizer
-
-    tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
     with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model"):
         LoopedLM(pretrained=str(tmp_path), gguf_file="q.gguf", device="cpu", tokenizer=str(tmp_path / "tokenizer"))
+
+
+def test_a_gguf_without_a_tokenizer_or_beside_another_models_files_is_refused_before_weights_load(tmp_path, monkeypatch):
+    """transformers takes a folder's tokenizer files before the file's own, and loopeval the
+    folder's loop: a GGUF beside another model's files loaded and crashed mid-generation
+    in tokenizer.decode; one without tokenizer metadata failed after its weights loaded."""
+    import transformers
+
+    from loopeval.common.errors import UserError
+    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    write_tiny_gguf(bare / "m.gguf")
+    with pytest.raises(UserError, match=r"gguf_file=m.gguf: .*m.gguf carries no tokenizer .*holds no tokenizer.json; "
+                                        r"put the model's tokenizer files"):
+        load_model(bare, gguf_file="m.gguf")
+    with pytest.raises(UserError, match=r"carries no tokenizer"):
+        import_gguf(bare / "m.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    write_tiny_gguf(bare / "m.gguf", tokens=[f"t{i}" for i in range(64)], scores=False)  # no merges, no scores
+    with pytest.raises(UserError, match=r"gguf_file=m.gguf: the tokenizer of .*m.gguf does not load \(KeyError: "):
+        load_model(bare, gguf_file="m.gguf")
+
+    other = tmp_path / "other"  # another model's checkpoint: its tokenizer has more tokens than the file's 64 rows
+    model, tokenizer = tiny_model(), tiny_tokenizer()
+    size = len(tokenizer)
+    model.save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    write_tiny_gguf(other / "m.gguf")
+    with pytest.raises(UserError, match=r"gguf_file=m.gguf: .*config.json describes another model than .*m.gguf "
+                                        r"\(.*vocabulary \d+ vs 64\).*in a folder of its own"):
+        load_model(other, gguf_file="m.gguf")
+    (other / "config.json").unlink()
+    with pytest.raises(UserError, match=r"the tokenizer in .*other \(431 tokens\) is not the tokenizer of .*m.gguf "
+                                        r"\(an embedding of 64 rows\)"):
+        load_model(other, gguf_file="m.gguf")
+    # as many tokens as rows, but other tokens than the file lists
+    write_tiny_gguf(other / "m.gguf", vocab=size, tokens=[f"t{i}" for i in range(size)])
+    with pytest.raises(UserError, match=rf"is not the tokenizer of .*{size} listed tokens"):
+        load_model(other, gguf_file="m.gguf")
+    # the file's own tokens pass the check (and reach the weights)
+    write_tiny_gguf(other / "m.gguf", vocab=size, tokens=tokenizer.convert_ids_to_tokens(list(range(size))))
+    with pytest.raises(AssertionError, match="weights loaded"):
+        load_model(other, gguf_file="m.gguf")
+

@@ -15,6 +15,12 @@ import pytest
 from support import MC_YAML, QUESTIONS, write_generate_task
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+NLL_TOLERANCE = dict(rel=1e-5, abs=1e-5)
+"""A log-likelihood on the engine against the HF path's: each token's log-probability comes
+from logits that two float32 kernel stacks round about 1e-6 of their size apart, and a sum of
+same-sign terms keeps that relative size, so 1e-5 of the sum (about 80 float32 steps of it)
+leaves 9x headroom over the largest gap measured (2.2e-4 at -203 nats, 1.1e-6: SmolLM2,
+GSM8K test item 405); ``abs`` covers sums near 0."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -101,11 +107,16 @@ def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
 def _assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24, max_model_len=256, inspect=None):
     """Greedy tokens of the checkpoint at ``path`` looped by ``loop`` in vLLM (prefix caching on)
     equal those of ``model`` looped by ``apply_loop`` on the HF path, each to vLLM's end of
-    sequence; ``inspect`` runs on vLLM's model first (``LLM.apply_model``) and its result is returned."""
+    sequence, up to the first step whose greedy token is a numerical tie on the HF path (its
+    top two logits within float32 rounding of each other,
+    :func:`loopeval.core.cache_check.rounding_tolerance`: two kernel stacks may break it
+    either way, so the rest of that row is not compared); ``inspect`` runs on vLLM's model
+    first (``LLM.apply_model``) and its result is returned."""
     import torch
     from transformers import AutoConfig
 
     from loopeval import apply_loop
+    from loopeval.core.cache_check import clear_winner, rounding_tolerance
     from loopeval.engines.vllm_engine import configure_environment
     from loopeval.engines.vllm_models import engine_overrides, register
 
@@ -122,11 +133,20 @@ def _assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24,
     del llm
     gc.collect()
     apply_loop(model, loop)
+    compared = 0
     for prompt, out in zip(prompts, outputs, strict=True):
         with torch.no_grad():
-            hf = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False)[0, len(prompt):]
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, output_logits=True,
+                                return_dict_in_generate=True)
+        logits = torch.cat(hf.logits).float()
+        clear = clear_winner(logits, rounding_tolerance(logits, torch.float32)).tolist() + [False]
+        n = clear.index(False)  # steps before the first numerical tie
         tokens = list(out.outputs[0].token_ids)  # to the end-of-sequence token, where HF pads
-        assert tokens == hf.tolist()[:len(tokens)] and (len(tokens) == max_tokens or out.outputs[0].finish_reason == "stop")
+        assert tokens[:n] == hf.sequences[0, len(prompt):].tolist()[:min(n, len(tokens))]
+        assert n < len(tokens) or len(tokens) == max_tokens or out.outputs[0].finish_reason == "stop"
+        compared += min(n, len(tokens))
+    if compared < len(prompts) * 4:
+        pytest.skip(f"only {compared} greedy tokens before a numerical tie on these weights: too few to compare")
     return inspected
 
 
@@ -188,8 +208,8 @@ def test_engine_equals_the_hf_path_with_forcing_and_the_repetition_stop(workdir,
     vllm = evaluate(_engine(workdir / "base", trace=str(tmp_path / "vllm"), **rules), ("tiny_gen", "tiny_mc"))
     assert _samples(vllm, "tiny_gen") == _samples(hf, "tiny_gen")
     a, b = _samples(vllm, "tiny_mc"), _samples(hf, "tiny_mc")
-    for doc in b:
-        assert [r[0][0] for r in a[doc]] == pytest.approx([r[0][0] for r in b[doc]], abs=1e-5)
+    for doc in b:  # NLL_TOLERANCE: a sum of float32 log-probabilities from two kernel stacks
+        assert [r[0][0] for r in a[doc]] == pytest.approx([r[0][0] for r in b[doc]], **NLL_TOLERANCE)
     (th,), (tv,) = find_traces(tmp_path / "hf"), find_traces(tmp_path / "vllm")
     fields = ("doc_id", "prompt_hash", "prompt_tokens", "generated_tokens", "finished", "forced_at",
               "repetition_stop_at", "flops", "bf_reserve")
@@ -353,8 +373,8 @@ def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
     hf, engine = runs
     assert _samples(engine, "gsm8k_boxed") == _samples(hf, "gsm8k_boxed")
     a, b = _samples(engine, "gsm8k_nll"), _samples(hf, "gsm8k_nll")
-    for doc in b:  # a sum over ~150 float32 log-probabilities: 1e-4 absolute at -90 (1e-6 relative)
-        assert a[doc][0][0] == pytest.approx(b[doc][0][0], rel=2e-6, abs=1e-4)
+    for doc in b:
+        assert a[doc][0][0] == pytest.approx(b[doc][0][0], **NLL_TOLERANCE)
 
 
 def test_gemma3_270m_looped_on_the_engine_gives_the_hf_paths_tokens():

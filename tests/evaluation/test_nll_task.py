@@ -226,7 +226,7 @@ def trace_records(folder: Path) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "item"]
 
 
-def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(traced):
+def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(traced, capsys):
     from loopeval.analysis.compared import compare_runs
 
     plain, looped = traced
@@ -236,7 +236,7 @@ def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(tra
     raw = {side: load_run(path, allow_subset=True).tasks["gsm8k_nll"].scores for side, path in zip("ab", traced)}
     out, text = result.as_dict(), str(result)
     # 4 items in each task, none of them GSM8K test items (tests/fixtures/tasks/gsm8k.jsonl: 2 train, 2 made up)
-    assert out["pilot"].startswith("pilot: 8 of 2638 items, 16 of the runs' items not in their task's test set")
+    assert out["pilot"].startswith("pilot: 4 of 1319 items in each of 2 tasks (gsm8k_boxed, gsm8k_nll), 16 of the runs' items not in their task's test set")
     nll, boxed = out["tasks"]["gsm8k_nll"], out["tasks"]["gsm8k_boxed"]
     # the NLL as lm-eval reports it (nats per byte, lower is better), never negated or x100
     assert (nll["unit"], nll["higher_is_better"]) == ("nats per byte", False)
@@ -254,9 +254,18 @@ def test_compare_shows_each_metric_in_its_unit_with_its_own_margin_and_pilot(tra
     row = given["tasks"]["gsm8k_nll"]
     # a margin in nats per byte is the metric's own; at 4 items no interval is valid for a continuous score
     assert (row["margin"], row["equivalent"], row["equivalence_method"]) == (5.0, False, "none")
-    with pytest.raises(ValueError, match=r"no metric here is an accuracy; give the metric's own margin in its unit "
+    with pytest.raises(ValueError, match=r"no metric here is an accuracy; give the metric's own in its unit "
                                          r"\(--margin nll_per_byte=0.01, in nats per byte\)"):
         compare_runs(plain, looped, allow_subset=True, tasks=["gsm8k_nll"], margin=0.01)
+    # the sibling commands read a bare value alike: power's --delta is refused as compare's --margin is
+    from loopeval.cli import main
+
+    for command, flag in (("compare", "--margin"), ("power", "--delta")):
+        args = [command, str(plain), str(looped), "--tasks", "gsm8k_nll", flag, "0.01"]
+        assert main(args + (["--allow-subset"] if command == "compare" else [])) == 2
+        assert (f"{flag} 0.01: a bare value is the accuracies' (a fraction, A.5's ±2 points is 0.02), and no metric "
+                f"here is an accuracy; give the metric's own in its unit ({flag} nll_per_byte=0.01, in nats per "
+                "byte)") in capsys.readouterr().err
     with pytest.raises(ValueError, match="no metric 'nll' in these runs"):
         compare_runs(plain, looped, allow_subset=True, margins={"nll": 0.01})
 
@@ -296,7 +305,7 @@ def test_the_report_takes_nll_runs_alone_and_beside_accuracy(traced, tmp_path):
     plain, looped = traced
     c = load_run(looped, allow_subset=True).header.multiplier
     data = build_report([plain], [looped], allow_subset=True, n_resamples=300, default_scale=0.1)
-    assert data.pilot.startswith("pilot: 8 of 2638 items, 16 of the runs' items not in their task's test set")
+    assert data.pilot.startswith("pilot: 4 of 1319 items in each of 2 tasks (gsm8k_boxed, gsm8k_nll), 16 of the runs' items not in their task's test set")
     assert {k: v for k, v in data.kinds.items()} == {"points": ["gsm8k_boxed"],
                                                      "nats per byte, lower is better": ["gsm8k_nll"]}
     nll = next(cond for cond in data.conditions if cond.tasks == ("gsm8k_nll",))
@@ -335,6 +344,15 @@ def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path, monke
         loaded = load_study(tmp_path / "study.yaml")
         if pilot:
             check_before_compute(loaded, expand(loaded))
+            # a bare margin where every task is scored by a continuous metric: refused now, not by the report
+            (tmp_path / "study.yaml").write_text(yaml.safe_dump({**study, "pilot": True,
+                                                                 "statistics": {"margin": 0.03}}))
+            loaded = load_study(tmp_path / "study.yaml")
+            with pytest.raises(ValueError, match=r"statistics.margin: 0.03 is the accuracies' margin, and no task of "
+                                                 r"this study is scored by an accuracy \(gsm8k_nll nll_per_byte\); give "
+                                                 r"the metric's own in its unit \(statistics.margins: "
+                                                 r"\{nll_per_byte: 0.03\}, in nats per byte\)"):
+                check_before_compute(loaded, expand(loaded))
             continue
         with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: its data holds 4 of the task's 1319 test items "
                                              r"\(a local file with a subset\?\); .* set pilot: true"):
@@ -345,8 +363,9 @@ def test_a_study_on_a_local_subset_must_say_it_is_a_pilot(setup, tmp_path, monke
     monkeypatch.setitem(metrics.TEST_SET_SIZES, "gsm8k_nll", 4)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump({**study, "pilot": False}))
     loaded = load_study(tmp_path / "study.yaml")
-    with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: 4 of its 4 items are not in the task's test set "
-                                         r"\(e.g. item 0\): not the benchmark; .* set pilot: true"):
+    with pytest.raises(ValueError, match=r"tasks: gsm8k_nll: of its 4 items, 4 item\(s\) not in the test set \(their "
+                                         r"'question' is none of its items', e.g. item 0\); 1319 test item\(s\) missing: "
+                                         r"not the benchmark .* set pilot: true"):
         check_before_compute(loaded, expand(loaded))
 
 

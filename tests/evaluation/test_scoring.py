@@ -1,6 +1,5 @@
 """loopeval.evaluation.scoring: answer extraction and comparison on responses small models really write."""
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -107,9 +106,7 @@ def test_timeout_is_wrong_and_counted(monkeypatch):
     # Comparing 9^(9^9) with 5 makes sympy evaluate a number with 370 million digits.
     monkeypatch.setattr(scoring, "TIMEOUT_SECONDS", 1)
     scoring.reset_failures()
-    start = time.monotonic()
-    result = scoring.grade(r"\boxed{9^{9^{9}}}", "5")
-    assert time.monotonic() - start < 10
+    result = scoring.grade(r"\boxed{9^{9^{9}}}", "5")  # without the timeout: minutes of sympy
     assert (result.correct, result.failure) == (False, "timeout")
     assert scoring.failures() == {"timeout": 1}
     scoring.reset_failures()

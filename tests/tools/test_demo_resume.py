@@ -3,6 +3,7 @@ back and finishes; a folder that is not a demo's is still refused."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def _demo(out, log):
 
 
 def _wait_for(condition, deadline, what):
+    """Poll for an event the demo shows in its folder or log; the deadline only guards a hang."""
     while not condition():
         assert time.time() < deadline, what()
         time.sleep(0.2)
@@ -66,8 +68,9 @@ def test_interrupted_demo_resumes(tmp_path, stop_at):
         deadline = time.time() + 600
         seen = log_file.read_text
         _wait_for(lambda: f"[loopeval demo] {stop_at}" in seen() or first.poll() is not None, deadline, seen)
-        if stop_at == "3/5":
-            time.sleep(3.0)
+        if stop_at == "3/5":  # interrupt once a training step is done: training is under way
+            _wait_for(lambda: re.search(r"\|\s*[1-9]\d*/\d+ \[", seen().split(stop_at, 1)[-1])
+                      or first.poll() is not None, deadline, seen)
         else:  # interrupt once the first of the 16 evaluations is done: the others are still to run
             _wait_for(lambda: any(not p.name.startswith(".") for p in (out / "evals").glob("*"))
                       or first.poll() is not None, deadline, seen)

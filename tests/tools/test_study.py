@@ -205,6 +205,30 @@ def test_evaluations_run_without_a_report_are_reused_by_the_full_study(world, tm
     assert result.report is not None
 
 
+def test_done_means_every_output_the_report_reads_is_there(world, tmp_path):
+    """A finished folder whose trace lost an item line, or whose samples file was deleted, is
+    not done: it is run again (or refused with --no-rerun), never reported from."""
+    from loopeval.tools.study.plan import expand, status
+
+    path = _study(world, tmp_path, budgets=[1])
+    run_study(path, only="twin__*", report=False, progress=False)
+    study = load_study(path)
+    (e,) = [e for e in expand(study) if e.name == "twin__plain__1x"]
+    assert status(e, study) == "done"
+    (trace,) = e.folder.rglob("loopeval_trace_*.jsonl")
+    lines = trace.read_text().splitlines(keepends=True)
+    trace.write_text("".join(lines[:-1]))  # the last item's line lost
+    assert re.match(r"stale: outputs incomplete: .* 1 of \d+ items have no trace record", status(e, study))
+    with pytest.raises(ValueError, match=r"twin__plain__1x: .* lacks outputs the report needs .*run without --no-rerun"):
+        status(e, study, rerun=False)
+    trace.write_text("".join(lines))
+    assert status(e, study) == "done"
+    next(e.folder.rglob("samples_*.jsonl")).unlink()
+    assert re.match(r"stale: outputs incomplete: task \w+: no samples file", status(e, study))
+    result = run_study(path, only="twin__*", report=False, progress=False)
+    assert result.outcomes == {"twin__plain__1x": "done"} and status(e, study) == "done"
+
+
 def test_a_checkpoint_retrained_in_place_is_evaluated_again(world, tmp_path, capsys):
     """Issue 23 case 1: a study re-run after retraining the looped checkpoint into its folder
     re-runs that checkpoint's evaluations (the old folders kept), and --no-rerun names the change."""

@@ -54,9 +54,14 @@ def _study(root: Path, **changes) -> Path:
 
 
 @pytest.fixture
-def done(world, tmp_path):
+def done(world, tmp_path, monkeypatch):
     """A copy of the world with one evaluation finished (its settings recorded as the runner
-    records them); returns a function giving that evaluation's status now."""
+    records them); returns a function giving that evaluation's status now. Its outputs are
+    taken as complete (``plan.incomplete``, tested in test_study.py): these tests are of the
+    settings' identity alone."""
+    from loopeval.tools.study import plan
+
+    monkeypatch.setattr(plan, "incomplete", lambda evaluation, study: None)
     root = tmp_path / "w"
     shutil.copytree(world, root)
     (root / "tasks" / "tiny_id.yaml").write_text(
@@ -148,6 +153,13 @@ NOT_COVERED = {
 def test_a_change_that_cannot_change_outputs_keeps_the_result(done, change):
     NOT_COVERED[change](done.root)
     assert done() == "done", change
+
+
+def test_a_moved_task_folder_with_the_same_content_is_still_done(done):
+    """lm-eval records the YAML's path (metadata.config_source); the fingerprint is by content."""
+    shutil.move(done.root / "tasks", done.root / "moved_tasks")
+    _edit(done.root / "moved_tasks" / "tiny_id.yaml", str(done.root / "tasks"), str(done.root / "moved_tasks"))
+    assert done(include_path=["moved_tasks"]) == "done"
 
 
 def test_a_moved_checkpoint_is_still_done_and_the_report_settings_do_not_count(done):

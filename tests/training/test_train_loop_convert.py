@@ -317,17 +317,32 @@ def test_mix_source_bad_input():
 # -- the scale-aware cache check ---------------------------------------------------------
 
 
+def _float32_rounding(model, relative: float):
+    """Make the cached steps of ``model`` round ``relative`` of their largest |logit| away
+    from recomputation, in float32 only: a kernel's rounding, arranged rather than assumed
+    (how far real kernels round apart depends on the CPU's instruction set). The shift is
+    the same for every logit of a step, so no greedy token changes; float64 runs are exact."""
+
+    def shift(module, args, kwargs, output):
+        logits = output.logits
+        if logits.dtype == torch.float32 and logits.shape[1] == 1:  # a cached decode step
+            logits.add_(relative * logits.abs().amax(-1, keepdim=True))
+
+    return model.register_forward_hook(shift, with_kwargs=True)
+
+
 def test_cache_check_accepts_a_correct_loop_that_drifts(tokenizer):
-    """Large logits (as a trained model has) make float32 rounding exceed the old absolute
-    1e-3; the gap stays a tiny fraction of the logits, so the check passes."""
+    """Large logits (as a trained model has): a float32 gap of 1e-5 of the logits is past
+    the old absolute 1e-3 but a tiny fraction of the logits, so the check passes."""
     model = tiny_model("qwen3", vocab_size=len(tokenizer))
     with torch.no_grad():
         model.lm_head.weight.mul_(20000.0)
     apply_loop(model, "0:6x3", mix=4.6, mix_source="embedding", operator="repeat")
+    _float32_rounding(model, 1e-5)
     absolute = check_cache(model, tokenizer, max_new_tokens=12, rtol=0.0)
-    assert not absolute.ok and absolute.max_abs_diff > 1e-3  # the old criterion rejects it
+    assert not absolute.ok and absolute.max_abs_diff > 1e-3, absolute  # the old criterion rejects it
     result = check_cache(model, tokenizer, max_new_tokens=12)
-    assert result.ok and result.max_rel_diff < 1e-5, result
+    assert result.ok and result.decided_in is None and 0.5e-5 < result.max_rel_diff < 2e-4, result
 
 
 def _sharp(tokenizer):
@@ -341,20 +356,30 @@ def _sharp(tokenizer):
     return model
 
 
-def test_cache_check_decides_in_float64_where_float32_rounding_exceeds_its_rule(tokenizer):
-    """Issue 32: a loop-convert loop (mix from the embedding, fixed exit) failed the float32
-    rule at 2.5e-4 of its logits. The cache is exact: the same weights unlooped, with HF's own
-    cache, drift further in float32, and in float64 cached equals recomputed exactly."""
-    unlooped = check_cache(_sharp(tokenizer), tokenizer, max_new_tokens=12, atol=1e-3, rtol=2e-4)
-    assert not unlooped.ok and unlooped.max_rel_diff > 2e-4  # the rule fails HF's own cache
+def test_a_correct_sharp_loop_passes_the_cache_check_on_any_cpu(tokenizer):
+    """Issue 32's loop (mix from the embedding, fixed exit) on trained-like weights: on some
+    CPUs float32 rounding exceeds the fast rule (2.5e-4 of the logits measured on AVX2), on
+    others it does not (1.3e-5 on AVX-512); either way a correct cache passes."""
     model = apply_loop(_sharp(tokenizer), LoopConfig("0:6x3", operator="repeat", mix=4.6, mix_source="embedding")
                        .exit_after(2))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    float32 = check_cache(model, tokenizer, max_new_tokens=12, atol=1e-3, rtol=2e-4)
-    assert not float32.ok and float32.max_rel_diff > 2e-4
     result = check_cache(model, tokenizer, max_new_tokens=12)
-    assert result.ok and result.decided_in == "float64" and result.max_abs_diff == 0.0
-    assert result.rounding_gap == float32.max_abs_diff and "decided in float64" in str(result)
+    assert result.ok, result
+
+
+def test_cache_check_decides_in_float64_where_float32_rounding_exceeds_its_rule(tokenizer):
+    """A float32 gap of 5e-4 of the logits fails the fast rule (2e-4); the check runs again
+    in float64, where the cache is exact, passes, and keeps the float32 gap beside it. The
+    model's weights come back bit for bit."""
+    model = apply_loop(_sharp(tokenizer), LoopConfig("0:6x3", operator="repeat", mix=4.6, mix_source="embedding")
+                       .exit_after(2))
+    _float32_rounding(model, 5e-4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    float32 = check_cache(model, tokenizer, max_new_tokens=12, atol=1e-3, rtol=2e-4)  # given tolerances: no retry
+    assert not float32.ok and float32.decided_in is None and float32.max_rel_diff > 2e-4, float32
+    result = check_cache(model, tokenizer, max_new_tokens=12)
+    assert result.ok and result.decided_in == "float64", result
+    assert result.max_rel_diff <= result.rtol and result.rounding_gap == pytest.approx(float32.max_abs_diff, rel=1e-2)
+    assert "decided in float64" in str(result)
     after = model.state_dict()
     assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32

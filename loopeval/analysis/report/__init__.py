@@ -26,7 +26,7 @@ from loopeval.analysis.report.checks import Check
 from loopeval.analysis.report.data import ReportData
 from loopeval.analysis.report.evaluations import RunSpec
 from loopeval.analysis.report.render import check_output, render, write_report
-from loopeval.analysis.protocol import withhold
+from loopeval.analysis.protocol import check_amounts, withhold
 from loopeval.analysis.runs import Run, pair_runs, pilot_label
 from loopeval.analysis.stats.options import COST_MODES, DEFAULTS
 
@@ -45,7 +45,7 @@ def build_report(
     cost: str = "passes",
     selection: str = "fixed",
     alpha: float = DEFAULTS.alpha,
-    margin: float = DEFAULTS.margin,
+    margin: float | None = None,
     margins: dict[str, float] | None = None,
     training_pairs: list[tuple[str | Path, str | Path]] = (),
     serve_cost: list[str | Path] = (),
@@ -67,8 +67,8 @@ def build_report(
     (Table 3's lower rows), and with ``sizes`` (small, large parameter counts) the
     ceiling of Eq. 4 (Table 5). ``cost`` charges layer passes (the paper's rule) or
     FLOPs; ``selection`` picks the best cheaper comparator once or in every resample;
-    ``alpha`` and ``margin`` (a fraction) are the tests' level and accuracies' equivalence
-    margin; ``margins`` gives a continuous metric's margin in its unit (``{"nll_per_byte":
+    ``alpha`` and ``margin`` (a fraction; ``None``: A.5's 0.02) are the tests' level and
+    accuracies' equivalence margin; ``margins`` gives a continuous metric's margin in its unit (``{"nll_per_byte":
     0.005}``; without one, no equivalence verdict). Tasks whose metrics differ in kind (a 0/1
     accuracy and ``gsm8k_nll``'s NLL) get the two tests each, on a macro of their own kind:
     ``ReportData.kinds``, and one condition per kind and decoding condition. Tasks without a
@@ -98,11 +98,8 @@ def build_report(
     base_costs = _costs(reference, None, cost)
     tasks = sorted(evals[0].run.tasks)
     kinds = pair_runs({"reference": reference}).kinds()
-    if margins:
-        metrics = {reference.tasks[t].metric.split(",", 1)[0] for t in tasks}
-        unknown = sorted(set(margins) - metrics)
-        if unknown:
-            raise ValueError(f"margins: no metric {unknown[0]!r} in these runs (their metrics: {', '.join(sorted(metrics))})")
+    check_amounts(pair_runs({"reference": reference}), margin, margins, "--margin")
+    margin = DEFAULTS.margin if margin is None else margin
     first_looped = next(e for e in evals if e.looped)
     scale = None
     if wall_clock:

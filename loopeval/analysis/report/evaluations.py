@@ -129,7 +129,8 @@ def by_seed(evals: list[Evaluation]) -> list[Run]:
 
 def group(evals: list[Evaluation]) -> dict[tuple[bool, str, str, float], list[Evaluation]]:
     """Evaluations by (looped, condition, variant, budget scale). Several runs of one key
-    are seeds of one evaluation, so each needs a distinct, known seed."""
+    are seeds of one evaluation, so each needs a distinct, known seed and its own weights
+    (by the trace's weights fingerprint: one checkpoint is never counted as two seeds)."""
     groups: dict[tuple, list[Evaluation]] = defaultdict(list)
     for e in evals:
         groups[e.key].append(e)
@@ -147,6 +148,13 @@ def group(evals: list[Evaluation]) -> dict[tuple[bool, str, str, float], list[Ev
         if len(set(seeds)) < len(seeds):
             raise ValueError(f"runs of {label(*key)} share a training seed: "
                              + ", ".join(f"{e.where} (seed {e.seed})" for e in members))
+        by_weights: dict[str, Evaluation] = {}
+        for e in members:
+            first = by_weights.setdefault(e.header.weights, e) if e.header.weights else e
+            if first is not e:
+                raise ValueError(f"runs of {label(*key)}: {first.where} (seed {first.seed}) and {e.where} (seed {e.seed}) "
+                                 f"evaluated the same weights (fingerprint {e.header.weights[:12]}): one checkpoint is "
+                                 "one seed; give each seed's own evaluation")
     return dict(groups)
 
 

@@ -1,6 +1,8 @@
 """Paired statistics for the two-test protocol (paper, Appendix A.5) and the companion papers.
 
-Accuracies are fractions throughout; :mod:`loopeval.analysis.stats.display` formats points.
+Values are in their metric's stored unit (:class:`loopeval.evaluation.metrics.Unit`): a 0/1
+accuracy and its margins are fractions, never points; a continuous metric (``gsm8k_nll``'s
+nats per byte) keeps its own. ``Unit.show`` formats every value for display.
 
 * :func:`paired_bootstrap`, :func:`tost` and :class:`Resampler` (shared resamples for
   the comparisons of one table): paired bootstrap over test items or clusters of items,

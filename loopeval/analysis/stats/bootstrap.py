@@ -49,8 +49,8 @@ from loopeval.analysis.stats.clusters import cluster_sums, cluster_table
 from loopeval.analysis.stats.family import family_level
 from loopeval.analysis.stats.results import ConfidenceInterval, ScipyNames, percentile_interval
 from loopeval.analysis.stats.scores import score_table
-from loopeval.analysis.stats.units import fraction
 from loopeval.analysis.stats.options import DEFAULTS
+from loopeval.evaluation.metrics import POINTS, Unit
 
 METHODS = ("auto", "multinomial", "index")
 # Index sampling holds at most this many drawn indices at a time.
@@ -250,10 +250,8 @@ class Resampler:
              alpha: float = DEFAULTS.alpha) -> TOSTResult:
         """Equivalence of candidate and baseline within ``±margin`` at level ``alpha``: a fraction
         when every score is one (0/1 accuracies), else a positive number in the scores' unit."""
-        if all(np.all((self._table[b] >= 0) & (self._table[b] <= 1)) for b in self._benchmarks(benchmark)):
-            fraction("margin", margin, closed=False)
-        elif not (isinstance(margin, (int, float)) and np.isfinite(margin) and margin > 0):
-            raise ValueError(f"margin must be a positive number in the scores' unit, got {margin!r}")
+        fractions = all(np.all((self._table[b] >= 0) & (self._table[b] <= 1)) for b in self._benchmarks(benchmark))
+        (POINTS if fractions else Unit("the scores' unit")).check_margin("margin", margin)
         if not 0 < alpha < 0.5:
             raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
         d = self._difference(baseline, candidate, benchmark)

@@ -1,14 +1,17 @@
-"""Formatting for display only: results stay fractions, tables show points."""
+"""Formatting for display only: values stay in their metric's stored unit (a fraction for a
+0/1 accuracy), and are shown by their :class:`~loopeval.evaluation.metrics.Unit`."""
 
 from __future__ import annotations
 
 import math
 
+from loopeval.evaluation.metrics import POINTS
+
 
 def points(x: float, *, signed: bool = False, digits: int = 1) -> str:
-    """A fraction as percentage points: ``points(0.041, signed=True) == '+4.1'``."""
-    value = round(100 * x, digits) + 0.0  # + 0.0 turns -0.0 into 0.0
-    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    """A fraction as percentage points, by :meth:`Unit.show` of ``POINTS``:
+    ``points(0.041, signed=True) == '+4.1'``."""
+    return POINTS.show(x, signed=signed, digits=digits)
 
 
 def pvalue(p: float | None, *, floor: float = 0.001) -> str:

@@ -13,14 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from loopeval.common.args import as_float, as_int
+from loopeval.evaluation.metrics import POINTS
 
 
 def as_fraction(name: str, value) -> float:
-    """A level or margin: a fraction in (0, 1), never points."""
+    """A level or the accuracies' margin: a fraction in (0, 1), never points
+    (:meth:`Unit.check_margin` of ``POINTS``, the one check of a fraction's margin)."""
     number = as_float(name, value)
-    if not 0 < number < 1:
-        raise ValueError(f"{name}={value!r}: expected a fraction in (0, 1) (fractions, not points: 2 points is 0.02)")
-    return number
+    return POINTS.check_margin(name, value if isinstance(value, (int, float)) else number)
 
 
 def as_margins(name: str, value) -> dict[str, float]:
@@ -64,10 +64,6 @@ class StatOptions:
         "help": "what a loop is charged: passes (A.2's layer passes) or flops", "choices": COST_MODES})
     selection: str = field(default="fixed", metadata={
         "help": "best cheaper comparator chosen once (fixed) or in every resample (resampled)", "choices": SELECTIONS})
-
-    @property
-    def margin_points(self) -> float:
-        return 100.0 * self.margin
 
 
 DEFAULTS = StatOptions()

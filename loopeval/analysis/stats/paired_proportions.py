@@ -33,6 +33,7 @@ import numpy as np
 
 from loopeval.analysis.stats.results import ConfidenceInterval, ScipyNames
 from loopeval.analysis.stats.units import fraction
+from loopeval.evaluation.metrics import POINTS
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def paired_proportions(a, b, *, confidence: float = 0.95) -> PairedProportionsRe
 def paired_tost(a, b, *, margin: float = 0.02, alpha: float = 0.05) -> PairedEquivalenceResult:
     """Tango's equivalence test of paired 0/1 scores ``a`` (baseline) and ``b`` (candidate)
     within ``±margin`` (a fraction) at level ``alpha``."""
-    fraction("margin", margin, closed=False)
+    POINTS.check_margin("margin", margin)
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
     only_b, only_a, n = _counts(a, b)

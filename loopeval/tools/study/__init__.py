@@ -15,13 +15,15 @@ from __future__ import annotations
 import fnmatch
 from contextlib import nullcontext
 import json
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from loopeval.analysis.stats.options import DEFAULTS
 from loopeval.common.outputs import aside, folder_lock
 from loopeval.tools.study.plan import Evaluation, check_before_compute, expand, expected_cost, status
-from loopeval.tools.study.spec import RayOptions, Study, load_study
+from loopeval.tools.study.spec import RayOptions, Study, as_device, as_ray_address, load_study
 
 __all__ = ["StudyResult", "load_study", "run_study"]
 
@@ -58,6 +60,8 @@ def run_study(path: str | Path, *, dry_run: bool = False, only: str | None = Non
     study = load_study(path)
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    for device in devices or ():
+        as_device("--devices", device)
     if ray and (devices or workers > 1):
         raise ValueError("--ray schedules the evaluations itself: give it without --workers or --devices")
     on_ray = _ray_options(study, study.ray is not None and not devices and workers == 1 if ray is None else ray)
@@ -109,9 +113,13 @@ def _ray_options(study: Study, ray: bool | str) -> RayOptions | None:
         return None
     from loopeval.tools.study.ray_backend import import_ray
 
-    import_ray()
     options = study.ray or RayOptions()
-    return replace(options, address=ray) if isinstance(ray, str) and ray else options
+    if isinstance(ray, str) and ray:
+        options = replace(options, address=as_ray_address("--ray", ray))
+    if options.address is None and os.environ.get("RAY_ADDRESS", "").strip():
+        as_ray_address("RAY_ADDRESS", os.environ["RAY_ADDRESS"])
+    import_ray()
+    return options
 
 
 def _move_report_aside(study: Study) -> None:
@@ -141,7 +149,8 @@ def write_study_report(study: Study, evaluations: list[Evaluation]) -> Path:
         [spec(e) for e in evaluations if e.model.role == "twin"],
         [spec(e) for e in evaluations if e.model.role == "looped"],
         larger=spec(larger[0]) if larger else None, sizes=report.get("sizes"), default_scale=study.default_scale,
-        cost=options.cost, selection=options.selection, alpha=options.alpha, margin=options.margin,
+        cost=options.cost, selection=options.selection, alpha=options.alpha,
+        margin=None if options.margin == DEFAULTS.margin else options.margin,  # A.5's, also where no metric is an accuracy
         margins=dict(options.margins),
         n_resamples=options.n_resamples, seed=options.seed,
         title=report.get("title") or f"{study.name}: does the loop pay for its compute?",

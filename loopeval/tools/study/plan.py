@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loopeval.common.args import as_bool
+from loopeval.common.errors import UserError
 from loopeval.evaluation.local_data import check_local_tasks
 from loopeval.tools.study.spec import DecodingSpec, ModelSpec, Study
 
@@ -79,9 +80,11 @@ def expand(study: Study) -> list[Evaluation]:
 
 
 def status(evaluation: Evaluation, study: Study, *, rerun: bool = True) -> str:
-    """"done" (a finished folder with these settings and weights), "todo", or "stale: WHAT
-    CHANGED" (a finished folder made with other settings or other weights, e.g. a checkpoint
-    retrained in place: it is run again, and the old folder kept under ``evals/.replaced``).
+    """"done" (a finished folder with these settings and weights, holding every output the
+    report reads: :func:`incomplete`), "todo", or "stale: WHAT CHANGED" (a finished folder
+    made with other settings or other weights, e.g. a checkpoint retrained in place, or one
+    that lost an output, e.g. a deleted samples file or a trace cut short: it is run again,
+    and the old folder kept under ``evals/.replaced``).
     With ``rerun=False`` a stale folder is refused, naming the evaluation and what changed."""
     spec = evaluation.folder / SPEC_NAME
     if not spec.is_file():
@@ -99,7 +102,29 @@ def status(evaluation: Evaluation, study: Study, *, rerun: bool = True) -> str:
             f"evaluation {evaluation.name}: {evaluation.folder} was made with other settings ({diff}); "
             "run without --no-rerun to redo it (the old folder is kept), or change the study's output folder"
         )
+    lost = incomplete(evaluation, study)
+    if lost is not None:
+        if rerun:
+            return f"stale: outputs incomplete: {lost}"
+        raise ValueError(f"evaluation {evaluation.name}: {evaluation.folder} lacks outputs the report needs ({lost}); "
+                         "run without --no-rerun to redo it (the old folder is kept)")
     return "done"
+
+
+def incomplete(evaluation: Evaluation, study: Study) -> str | None:
+    """Why a finished folder lacks an output the report reads, or ``None``: its results, a
+    samples file per task holding every item, and for each generating task a trace record
+    for every item (:func:`loopeval.analysis.runs.load_run`, read as the report reads it)."""
+    from loopeval.analysis.runs import load_run
+
+    try:
+        run = load_run(evaluation.folder, allow_subset=study.pilot)
+        for task in run.tasks.values():
+            if task.generative:
+                task.passes  # every item joined to its trace records
+    except (ValueError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def _first_difference(a, b, where: str = "") -> str:
@@ -111,17 +136,21 @@ def _first_difference(a, b, where: str = "") -> str:
 
 
 def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: bool = True) -> None:
-    """Everything that can be known before any weights load: the tasks exist, each model's
-    loop fits its config, twins and looped models get the same per-model args (unless the
+    """Everything that can be known before any weights load, on a dry run as on a run: the
+    thread setting, the tasks exist, ``statistics.margins`` names their metrics in their
+    units, each model's loop fits its config, twins and looped models get the same per-model args (unless the
     study names the difference in ``intended_differences``), twins share their training
     manifest, the data of local tasks (``loopeval local-tasks``) reads, and no finished
     folder was made with other settings."""
+    from loopeval.common.threads import requested_threads
     from loopeval.core.loop import resolve_loop
     from loopeval.training.manifest import find_manifest, twin_mismatches
 
+    requested_threads()  # a bad LOOPEVAL_THREADS / OMP_NUM_THREADS, refused on a dry run as on a run
     _check_tasks(study)
     check_local_tasks(study.include_path)
     _check_full_test_sets(study)
+    _check_margins(study)
     _check_device(study)
     _check_reserves(study)
     for i, m in enumerate(study.models):
@@ -134,6 +163,7 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
                              "loop_config.json; give base: and loop:, or the looped checkpoint")
         if m.role != "looped" and loop is not None:
             raise ValueError(f"{study.path}: models[{i}] ({m.name}): role {m.role}, but {m.path} is looped ({loop.spec})")
+    _check_seeds(study)
     twins = {(m.seed, m.variant): m for m in study.models if m.role == "twin"}
     for m in study.models:
         if m.role != "looped":
@@ -153,6 +183,68 @@ def check_before_compute(study: Study, evaluations: list[Evaluation], *, rerun: 
     _check_chat_templates(study, evaluations)
     for e in evaluations:
         status(e, study, rerun=rerun)
+
+
+def _check_seeds(study: Study) -> None:
+    """Entries of one role, variant and loop with different seeds are different checkpoints
+    by content (:func:`loopeval.evaluation.identity.loaded_fingerprint`): one checkpoint
+    listed as two seeds would be counted as two."""
+    from loopeval.evaluation.identity import LOADED_ARGS, loaded_fingerprint
+
+    seen = {}
+    for i, m in enumerate(study.models):
+        if m.seed is None:
+            continue
+        loaded = {"pretrained": m.path, **{k: v for k, v in m.model_args.items() if k in LOADED_ARGS or
+                                           k in ("gguf_file", "subfolder", "revision")}}
+        key = (m.role, m.variant, m.loop, tuple(sorted(m.loop_options.items())),
+               json.dumps(loaded_fingerprint(loaded), sort_keys=True))
+        if key in seen and seen[key][1].seed != m.seed:
+            j, other = seen[key]
+            raise UserError(f"{study.path}: models[{i}] ({m.name}, seed {m.seed}) is the checkpoint of models[{j}] "
+                            f"({other.name}, seed {other.seed}): the same content ({m.path}); one checkpoint is one "
+                            "seed: list it once, or give each seed's own checkpoint")
+        seen.setdefault(key, (i, m))
+
+
+def _check_margins(study: Study) -> None:
+    """Each of ``statistics.margins`` names the main metric (lm-eval's first) of a task of the
+    study, its value in that metric's unit where the unit is known before any score
+    (:func:`loopeval.evaluation.metrics.declared_unit`), and a ``statistics.margin`` other than
+    A.5's is refused where every task is known to be scored by a continuous metric: the rule
+    of :func:`loopeval.analysis.protocol.check_amounts`, which the report applies to the scores."""
+    from lm_eval.tasks import get_task_dict
+
+    from loopeval.evaluation.metrics import declared_unit
+
+    from loopeval.analysis.stats.options import DEFAULTS
+
+    margins, margin = study.stat_options.margins, study.stat_options.margin
+    if not margins and margin == DEFAULTS.margin:
+        return
+    mains = {}
+    for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items():
+        listed = getattr(task.config, "metric_list", None) or []
+        mains[name] = listed[0].get("metric") if listed and isinstance(listed[0], dict) else None
+    known = {m for m in mains.values() if isinstance(m, str)}
+    for metric, value in margins.items():
+        key = f"{study.path}: statistics.margins.{metric}"
+        if metric not in known and None not in mains.values():
+            raise UserError(f"{key}: no task of this study reports metric {metric!r} (their metrics: "
+                            f"{', '.join(f'{t} {m}' for t, m in sorted(mains.items()))}); name a task's metric")
+        unit = declared_unit(metric)
+        if unit is not None:
+            try:
+                unit.check_margin(f"margins.{metric}", value)
+            except ValueError as exc:
+                raise UserError(f"{key}: {exc}") from None
+    units = [declared_unit(m) if isinstance(m, str) else None for m in mains.values()]
+    if margin != DEFAULTS.margin and units and None not in units and not any(u.fraction for u in units):
+        first = next(iter(mains.values()))
+        raise UserError(f"{study.path}: statistics.margin: {margin:g} is the accuracies' margin, and no task of this "
+                        f"study is scored by an accuracy ({', '.join(f'{t} {m}' for t, m in sorted(mains.items()))})",
+                        fix=f"give the metric's own in its unit (statistics.margins: {{{first}: {margin:g}}}, in "
+                        f"{declared_unit(first).name})")
 
 
 def _check_chat_templates(study: Study, evaluations: list[Evaluation]) -> None:
@@ -299,23 +391,25 @@ def _check_tasks(study: Study) -> None:
 
 def _check_full_test_sets(study: Study) -> None:
     """Without ``pilot: true``, every task must read its full test set: a local data file holding a
-    subset, or items that are not the test set's (:func:`loopeval.evaluation.metrics.outside_test_set`),
+    subset, or items that are not the test set's by question and answer, or repeated
+    (:func:`loopeval.evaluation.metrics.check_items`),
     makes a pilot, which the report would refuse after every evaluation had run."""
     if study.pilot:
         return
     from lm_eval.tasks import get_task_dict
 
-    from loopeval.evaluation.metrics import full_size, outside_test_set
+    from loopeval.evaluation.metrics import check_items, full_size
 
     for name, task in _leaf_tasks(get_task_dict(list(study.tasks), task_manager(study))).items():
-        n = len(task.eval_docs)
+        docs = list(task.eval_docs)
+        n = len(docs)
         if n < full_size(name, n):
             raise ValueError(f"{study.path}: tasks: {name}: its data holds {n} of the task's {full_size(name, n)} test "
                              "items (a local file with a subset?); a run of a subset of the items is a pilot; set pilot: true")
-        outside = outside_test_set(name, task.eval_docs)
-        if outside:
-            raise ValueError(f"{study.path}: tasks: {name}: {len(outside)} of its {n} items are not in the task's test "
-                             f"set (e.g. item {outside[0]}): not the benchmark; a run of other items is a pilot; set pilot: true")
+        check = check_items(name, docs)
+        if check is not None and (check.not_benchmark or check.duplicates):
+            raise ValueError(f"{study.path}: tasks: {name}: of its {n} items, {check.describe()}: not the benchmark "
+                             "(another file, an edited one, or train items?); a run of other items is a pilot; set pilot: true")
 
 
 def expected_cost(study: Study, evaluations: list[Evaluation]) -> dict[str, float]:

@@ -7,10 +7,12 @@ complete format, with an example, is docs/protocol.md.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from loopeval.common.args import as_bool, as_field, as_float, as_int, as_text
+from loopeval.common.args import TRUE, as_bool, as_field, as_float, as_int
+from loopeval.common.errors import UserError, whole_number
 from loopeval.core.spec import LOOP_OPTIONS, option_fields
 from loopeval.evaluation.identity import INTENDED
 from loopeval.evaluation.settings import DECODING_OPTIONS, DecodingOptions
@@ -94,16 +96,18 @@ class _Where:
     def __init__(self, file: Path):
         self.file = file
 
-    def error(self, key: str, message: str) -> ValueError:
-        return ValueError(f"{self.file}: {key}: {message}")
+    def error(self, key: str, message: str) -> UserError:
+        return UserError(f"{self.file}: {key}: {message}")
 
     def mapping(self, value, key: str, allowed) -> dict:
         if not isinstance(value, dict):
             raise self.error(key, f"expected a mapping, got {type(value).__name__}")
         unknown = [k for k in value if k not in allowed]
         if unknown:
+            home = next((block for block, keys in _BLOCKS.items() if unknown[0] in keys and block != key), None)
+            hint = f" ({unknown[0]} belongs under {home}: {home}.{unknown[0]})" if home and not key else ""
             raise self.error(f"{key}.{unknown[0]}" if key else unknown[0],
-                             f"unknown key; {key or 'a study'} takes {', '.join(allowed)}")
+                             f"unknown key; {key or 'a study'} takes {', '.join(allowed)}{hint}")
         return value
 
     def typed(self, key: str, fn, *args, **kwargs):
@@ -111,6 +115,10 @@ class _Where:
             return fn(key.rsplit(".", 1)[-1], *args, **kwargs)
         except ValueError as exc:
             raise self.error(key, str(exc)) from None
+
+
+_BLOCKS = {"statistics": STATISTICS_KEYS, "lm_eval": LM_EVAL_KEYS, "report": REPORT_KEYS, "ray": RAY_KEYS}
+"""The study's blocks and their keys: a block's key given at the top level is named with its block."""
 
 
 def load_study(path: str | Path) -> Study:
@@ -207,6 +215,10 @@ def load_study(path: str | Path) -> Study:
     if shared_loop:
         raise w.error(f"lm_eval.model_args.{shared_loop[0]}", "a shared loop setting would loop the twin too; "
                       "give the loop in the looped model's entry (base: and loop:)")
+    if lm_eval.get("device") is not None:
+        lm_eval["device"] = w.typed("lm_eval.device", as_device, lm_eval["device"])
+    if lm_eval.get("gen_kwargs") is not None:
+        w.typed("lm_eval.gen_kwargs", as_gen_kwargs, lm_eval["gen_kwargs"])
     for key in ("apply_chat_template", "fewshot_as_multiturn"):
         if key in lm_eval:
             lm_eval[key] = w.typed(f"lm_eval.{key}", as_bool, lm_eval[key])
@@ -335,13 +347,58 @@ def _decoding(w: _Where, entries) -> tuple[DecodingSpec, ...]:
     return tuple(out)
 
 
+DEVICE = re.compile(r"cpu|mps|(cuda|xpu)(:[0-9]+)?")
+
+
+def as_device(name: str, value) -> str:
+    """A torch device lm-eval can be given: ``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``xpu[:N]``."""
+    if not isinstance(value, str) or not DEVICE.fullmatch(value.strip()):
+        raise ValueError(f"{name}={value!r}: expected a device: cpu, cuda, cuda:N, mps or xpu[:N]")
+    return value.strip()
+
+
+def as_gen_kwargs(name: str, value) -> dict | str:
+    """lm-eval's ``gen_kwargs``: a mapping of names to numbers, text or booleans, or its
+    ``name=value,...`` text."""
+    pairs = list(value.items()) if isinstance(value, dict) else None
+    if isinstance(value, str):
+        pairs = [part.partition("=")[::2] if "=" in part else (None, part) for part in value.split(",") if part.strip()]
+    if not pairs or any(not isinstance(k, str) or not k.strip() or not isinstance(v, (str, int, float, bool))
+                        for k, v in pairs):
+        raise ValueError(f"{name}={value!r}: expected a mapping of generation settings, or NAME=VALUE,... "
+                         "(e.g. {temperature: 0, max_gen_toks: 256})")
+    return value
+
+
+RAY_ADDRESS_FORMS = "auto, local, HOST:PORT or ray://HOST:PORT"
+
+
+def as_ray_address(name: str, value) -> str:
+    """A Ray cluster address (:data:`RAY_ADDRESS_FORMS`), checked before Ray parses it (Ray's
+    own parser fails at connect time, naming neither the file nor the variable)."""
+    text = value.strip() if isinstance(value, str) else None
+    if text in ("auto", "local"):
+        return text
+    rest = text[len("ray://"):] if text and text.startswith("ray://") else text
+    host, sep, port = (rest or "").rpartition(":")
+    number = whole_number(port) if sep else None
+    if not host or any(c.isspace() or c in "/@?#" for c in host) or number is None or not 1 <= number <= 65535:
+        hint = (" (a yes is not an address: the study's ray: true, or --ray alone, uses RAY_ADDRESS or a new "
+                "local Ray)" if isinstance(value, str) and value.strip().lower() in TRUE else "")
+        raise ValueError(f"{name}={value!r}: expected a Ray address: {RAY_ADDRESS_FORMS}{hint}")
+    return text
+
+
 def _ray(w: _Where, value) -> RayOptions | None:
     if isinstance(value, bool) or value is None:
         return RayOptions() if value else None
     if isinstance(value, str):
-        return RayOptions(address=value)
+        return RayOptions(address=w.typed("ray", as_ray_address, value))
+    if not isinstance(value, dict):
+        raise w.error("ray", f"{value!r}: expected true, an address ({RAY_ADDRESS_FORMS}) or a mapping of "
+                      f"{', '.join(RAY_KEYS)}")
     given = {k: v for k, v in w.mapping(value, "ray", RAY_KEYS).items() if v is not None}
-    parse = {"address": lambda n, v: as_text(n, str(v)), "cpus": lambda n, v: as_float(n, v, positive=True),
+    parse = {"address": as_ray_address, "cpus": lambda n, v: as_float(n, v, positive=True),
              "gpus": _non_negative, "retries": lambda n, v: as_int(n, v, minimum=0)}
     return RayOptions(**{k: w.typed(f"ray.{k}", parse[k], v) for k, v in given.items()})
 
