@@ -27,7 +27,7 @@ def run(model: str, tasks_dir: str, *, engine: str, loop: str | None, limit: int
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
     from loopeval.evaluation.trace import find_traces
 
     trace = tempfile.mkdtemp(prefix="bench_engine_")

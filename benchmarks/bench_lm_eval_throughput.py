@@ -19,7 +19,7 @@ from lm_eval.models.huggingface import HFLM
 
 from loopeval import save_model
 from loopeval.tools.tiny import tiny_model, tiny_tokenizer
-from loopeval.evaluation.model_adapters.looped import LoopedLM
+from loopeval.model_adapters.looped import LoopedLM
 
 
 def requests(n: int, new_tokens: int) -> list[Instance]:

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "loopeval"
-FLOORS = ["common", "core", "evaluation", "engines", "training", "analysis", "tools", "cli"]
-"""Bottom to top: a module may import its own floor and the floors below it, never one above."""
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "loopeval"
+FLOORS = ["common", "core", "evaluation", "engines", "training", "analysis", "tools", "cli", "model_adapters", "tasks"]
+"""Bottom to top: a module may import its own floor and the floors below it, never one above. The
+top two are read by lm-eval: its ``looped`` model and the task folder's functions (``tasks/``,
+installed as ``loopeval/tasks``)."""
 
 
 def _floor(module: str) -> int | None:
@@ -33,19 +36,35 @@ def _imports(path: Path) -> set[str]:
 
 
 def _module(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = ("loopeval", *rel.parts) if rel.parts[0] == "tasks" else rel.parts  # the wheel's loopeval/tasks
+    return ".".join(parts[:-1] if rel.name == "__init__" else parts)
 
 
-SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if _floor(_module(p)) is not None)
+def _distribution() -> list[Path]:
+    """Every Python file the wheel ships: the package, and the folders pyproject.toml force-includes into it."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    included = project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    files = list(PACKAGE.rglob("*.py"))
+    for source in included:
+        path = ROOT / source
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.suffix == ".py" else []
+    return sorted(files)
+
+
+SOURCES = _distribution()
 
 
 def test_every_module_lives_on_a_floor():
-    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    loose = sorted(_module(p) for p in SOURCES
+                   if _floor(_module(p)) is None and p.name not in ("__init__.py", "__main__.py"))
     assert loose == [], f"modules outside the floor packages: {loose}"
+    assert any("model_adapters" in _module(p) for p in SOURCES) and any("tasks" in _module(p) for p in SOURCES)
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: _module(p))
+@pytest.mark.parametrize("path", [p for p in SOURCES if _floor(_module(p)) is not None], ids=lambda p: _module(p))
 def test_no_module_imports_a_floor_above_its_own(path):
     own = _floor(_module(path))
     upward = sorted(m for m in _imports(path) if (_floor(m) or 0) > own)
@@ -89,7 +108,7 @@ def test_validating_files_imports_no_torch(module):
 def test_loop_options_reach_every_consumer():
     """Adding a LoopConfig field adds a model arg, a study key and a stored key, without edits."""
     from loopeval.core.spec import LOOP_OPTIONS, LoopConfig
-    from loopeval.evaluation.model_adapters.looped import LoopedArgs
+    from loopeval.evaluation.model_args import LoopedArgs
     from loopeval.tools.study.spec import MODEL_KEYS
 
     assert LOOP_OPTIONS == tuple(f.name for f in fields(LoopConfig))[1:]
@@ -102,7 +121,7 @@ def test_loop_options_reach_every_consumer():
 
 
 def test_decoding_options_reach_every_consumer():
-    from loopeval.evaluation.model_adapters.looped import LoopedArgs
+    from loopeval.evaluation.model_args import LoopedArgs
     from loopeval.evaluation.settings import DECODING_OPTIONS
     from loopeval.evaluation.trace import SHARED
 

@@ -32,7 +32,7 @@ def test_wheel_carries_the_task_folder(wheel):
     assert {"utils.py", "_boxed_template_yaml", "_letter_template_yaml", "loop_core.yaml"} <= set(shipped)
     assert "loopeval/evaluation/scoring.py" in names
     # the lm-eval adapter installs inside loopeval; nothing claims a generic top-level name
-    assert {"loopeval/evaluation/model_adapters/looped.py", "loopeval/evaluation/model_adapters/_register.py", "loopeval-lm-eval.pth"} <= set(names)
+    assert {"loopeval/model_adapters/looped.py", "loopeval/model_adapters/_register.py", "loopeval-lm-eval.pth"} <= set(names)
     assert {n.split("/")[0] for n in names if "/" in n} == {"loopeval", wheel.name.split("-py")[0] + ".dist-info"}
 
 
@@ -77,4 +77,4 @@ import inspect
 print(inspect.getfile(get_model("looped")), get_model("hf").__name__)
 """
     adapter_file, hf = run("-c", probe).split()
-    assert Path(adapter_file) == site / "loopeval" / "evaluation" / "model_adapters" / "looped.py" and hf == "HFLM"
+    assert Path(adapter_file) == site / "loopeval" / "model_adapters" / "looped.py" and hf == "HFLM"

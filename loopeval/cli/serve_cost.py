@@ -4,7 +4,11 @@ from __future__ import annotations
 
 
 from loopeval.cli._common import add_loop_options, int_list, loop_options
-from loopeval.evaluation.serving import CACHES, ENGINES
+from loopeval.evaluation.serving import CACHES
+
+
+ENGINES = {"hf": "loopeval.evaluation.serving:serve_cost", "vllm": "loopeval.engines.vllm_serving:serve_cost"}
+"""The ``serve_cost`` of each ``--engine``: transformers' ``generate``, or vLLM's serving backend."""
 
 
 def add(sub) -> None:
@@ -42,12 +46,13 @@ def _batch_sizes(text: str):
 
 
 def run(args) -> int:
+    import importlib
+
     from loopeval.common.outputs import check_outputs
-    from loopeval.engines import vllm_serving
-    from loopeval.evaluation import serving
 
     check_outputs({"--out": args.out}, args.model)
-    serve_cost = vllm_serving.serve_cost if args.engine == "vllm" else serving.serve_cost
+    module, name = ENGINES[args.engine].split(":")
+    serve_cost = getattr(importlib.import_module(module), name)
     result = serve_cost(args.model, loop=args.loop, **loop_options(args), prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile,
                         cache=args.cache, device=args.device, dtype=args.dtype, out=args.out)

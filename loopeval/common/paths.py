@@ -27,12 +27,6 @@ def reports_path() -> Path:
 
 
 def installed_folders() -> list[Path]:
-    """loopeval's own folders (the package, ``tasks/``, ``reports/``, ``model_adapters/``):
-    no command writes into them (``loopeval.common.outputs.check_outputs``)."""
-    folders = [_PACKAGE]
-    for name in ("tasks", "reports", "model_adapters"):
-        try:
-            folders.append(_shipped(name))
-        except FileNotFoundError:  # model_adapters/ is a package of its own in a wheel
-            continue
-    return folders
+    """loopeval's own folders (the package, ``tasks/``, ``reports/``): no command writes into
+    them (``loopeval.common.outputs.check_outputs``)."""
+    return [_PACKAGE, _shipped("tasks"), _shipped("reports")]

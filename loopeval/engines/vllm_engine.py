@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import torch
 
 from loopeval.evaluation.decoding import DecodingRules, RowOutcome
-from loopeval.evaluation.settings import DEFAULT_RESERVE
 
 ENV_DEFAULTS = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # vLLM's default pins the worker to core 0 and reserves the rest
@@ -98,25 +97,17 @@ class _Row:
         return self.budget - done
 
 
-def generate(llm, tokenizer, prompts: list[list[int]], budgets: list[int], reserves: list[int | None],
-             stops: list[list[str]], *, options, eos_token_ids, sampling: dict | None = None,
-             ) -> list[tuple[list[int], RowOutcome]]:
-    """Generate every prompt (token ids) to its budget under ``options``' rules
-    (:class:`loopeval.evaluation.settings.DecodingOptions`); ``reserves`` are budget forcing's
-    per request (``None`` without it), ``stops`` the stop strings (outside thinking only).
-    Returns each request's generated tokens and its :class:`RowOutcome`, as the HF path's."""
+def generate(llm, prompts: list[list[int]], budgets: list[int], rules: list[DecodingRules], *, eos_token_ids,
+             sampling: dict | None = None) -> list[tuple[list[int], RowOutcome]]:
+    """Generate every prompt (token ids) to its budget under its ``rules`` (one
+    :class:`loopeval.evaluation.decoding.DecodingRules` per prompt, built by the session:
+    :meth:`loopeval.evaluation.session.Session.rules`). Returns each request's generated
+    tokens and its :class:`RowOutcome`, as the HF path's."""
     from vllm import SamplingParams, TokensPrompt
 
     eos = sorted({e for e in eos_token_ids if e is not None})
-    vocab = len(tokenizer)
-    rows = []
-    for prompt, budget, reserve, until in zip(prompts, budgets, reserves, stops, strict=True):
-        rules = DecodingRules(tokenizer, torch.tensor([prompt]), budget, budget_forcing=options.budget_forcing,
-                              reserve=reserve or DEFAULT_RESERVE, force_string=options.bf_string,
-                              when_answered=options.bf_when_answered or "skip",
-                              repetition_stop=options.repetition_stop, stops=until, eos_token_ids=eos)
-        threshold = budget - reserve if options.budget_forcing else None
-        rows.append(_Row(list(prompt), budget, rules, threshold, vocab))
+    rows = [_Row(list(prompt), budget, r, r.threshold if r.budget_forcing else None, len(r.tokenizer))
+            for prompt, budget, r in zip(prompts, budgets, rules, strict=True)]
     pending = rows
     while pending:
         params = [SamplingParams(max_tokens=r.next_segment(), stop_token_ids=eos, detokenize=False,

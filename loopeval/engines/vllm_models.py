@@ -1,8 +1,8 @@
 """Looped variants of vLLM's own model classes: exact loops on vLLM's paged KV cache.
 
-A looped model is the base class (``LlamaForCausalLM``, ``MistralForCausalLM``,
-``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``Gemma3ForCausalLM``) with the decoder forward
-replaced by the loop's call sites (:meth:`loopeval.core.spec.LoopSpec.call_sites`, the one
+A looped model (:mod:`loopeval.engines.vllm_looped`: ``LoopedLlamaForCausalLM``,
+``LoopedMistralForCausalLM``, ``LoopedQwen2ForCausalLM``, ``LoopedQwen3ForCausalLM``,
+``LoopedGemma3ForCausalLM``) is its base class with the decoder forward replaced by the loop's call sites (:meth:`loopeval.core.spec.LoopSpec.call_sites`, the one
 schedule of a loop). Every extra call site that attends gets its own vLLM ``Attention`` named
 ``model.loop_sites.<slot>.attn`` (one integer, its cache slot), built like the layer's own
 (its scale, sliding window, logits soft cap and type: a Gemma 3 sliding layer's sites slide),
@@ -39,16 +39,11 @@ SANDWICH_NORM = (("input_layernorm", "post_attention_layernorm"),
 """Gemma 3's, ``h + post_attention_layernorm(self_attn(input_layernorm(h)))`` then
 ``h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``."""
 
-BASES = {
-    "LlamaForCausalLM": ("vllm.model_executor.models.llama", PRE_NORM),
-    "MistralForCausalLM": ("vllm.model_executor.models.mistral", PRE_NORM),
-    "Qwen2ForCausalLM": ("vllm.model_executor.models.qwen2", PRE_NORM),
-    "Qwen3ForCausalLM": ("vllm.model_executor.models.qwen3", PRE_NORM),
-    "Gemma3ForCausalLM": ("vllm.model_executor.models.gemma3", SANDWICH_NORM),
-}
-"""The vLLM classes with a looped variant: their module, and their decoder layers' norms
-(:data:`PRE_NORM`, :data:`SANDWICH_NORM`). The embedding (Gemma 3's scaled by sqrt(hidden))
-is the model's own ``embed_input_ids``, the final norm and logits (Gemma 3's soft cap) its own."""
+BASES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
+"""The vLLM classes with a looped variant, ``Looped<Base>`` in :mod:`loopeval.engines.vllm_looped`
+(written out there, with their decoder layers' norms). The embedding (Gemma 3's scaled by
+sqrt(hidden)) is the model's own ``embed_input_ids``, the final norm and logits (Gemma 3's
+soft cap) its own."""
 
 PREFIX = "Looped"
 CONFIG_KEY = "loopeval_loop"
@@ -69,11 +64,12 @@ def engine_overrides(architecture: str, loop: LoopConfig) -> dict:
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: register every looped class (lazily, by name)."""
+    """The ``vllm.general_plugins`` entry point: register every looped class (lazily, by name:
+    vLLM imports :mod:`loopeval.engines.vllm_looped` when it builds one)."""
     from vllm import ModelRegistry
 
     for base in BASES:
-        ModelRegistry.register_model(PREFIX + base, f"loopeval.engines.vllm_models:{PREFIX}{base}")
+        ModelRegistry.register_model(PREFIX + base, f"loopeval.engines.vllm_looped:{PREFIX}{base}")
 
 
 class _LoopSites(nn.Module):
@@ -102,8 +98,9 @@ def _site_attention(layer: nn.Module, slot: int, prefix: str, cache_config) -> t
     return attn, site
 
 
-class _Loop:
-    """The looped decoder forward of one vLLM decoder model (``model``: its ``.layers``)."""
+class Loop:
+    """The looped decoder forward of one vLLM decoder model (``model``: its ``.layers``), with
+    its decoder layers' ``norms`` (:data:`PRE_NORM`, :data:`SANDWICH_NORM`)."""
 
     def __init__(self, model: nn.Module, norms: tuple, config: LoopConfig, vllm_config, prefix: str):
         from vllm.distributed import get_pp_group
@@ -181,32 +178,3 @@ def _whole(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
     """The residual stream of vLLM's fused ``(hidden, residual)`` pair, as a new tensor (vLLM's
     fused norms update their inputs in place)."""
     return hidden.clone() if residual is None else hidden + residual
-
-
-def _looped_class(name: str) -> type:
-    import importlib
-
-    module, norms = BASES[name]
-    base = getattr(importlib.import_module(module), name)
-
-    def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
-        base.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)
-        stored = getattr(vllm_config.model_config.hf_config, CONFIG_KEY, None)
-        if stored is None:
-            raise ValueError(f"{PREFIX}{name} needs hf_overrides[{CONFIG_KEY!r}] (loopeval.engines.vllm_models.engine_overrides)")
-        model_prefix = f"{prefix}.model" if prefix else "model"
-        self.loop = _Loop(self.model, norms, LoopConfig.from_dict(dict(stored)), vllm_config, model_prefix)
-
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
-        return self.loop.forward(input_ids, positions, inputs_embeds)
-
-    return type(PREFIX + name, (base,), {"__init__": __init__, "forward": forward, "__module__": __name__,
-                                         "__doc__": f"vLLM's {name} looped exactly (loopeval.engines.vllm_models)."})
-
-
-def __getattr__(name: str):
-    if name.startswith(PREFIX) and name[len(PREFIX):] in BASES:
-        cls = _looped_class(name[len(PREFIX):])
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

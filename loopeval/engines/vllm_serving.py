@@ -34,7 +34,8 @@ def serve_cost(models, *, engine_args: dict | None = None, **kwargs) -> serving.
 
 
 class VLLMServing:
-    """The engine object :func:`loopeval.evaluation.serving.serve_cost` measures vLLM through."""
+    """The serving backend :func:`loopeval.evaluation.serving.serve_cost` measures vLLM through
+    (its protocol: :mod:`loopeval.evaluation.serving.measure`)."""
 
     name = "vllm"
 
@@ -68,21 +69,30 @@ class VLLMServing:
         except ImportError:
             raise ValueError(f"--engine vllm: {INSTALL}") from None
 
-    def load(self, path, *, loop, dtype: str, max_model_len: int, seed: int):
-        return engine(path, loop=loop, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                      engine_args=self.engine_args)
+    load_device = "cpu"  # the models loaded for their cost and weights; vLLM loads its own
 
-    def meter(self, vocab_size: int, prompt_tokens: int, seed: int) -> Meter:
+    def load(self, sources, loaded, loops, *, dtype: str, max_model_len: int, seed: int) -> list:
+        """One ``LLM`` per model (one source: the same checkpoint unlooped and looped)."""
+        paths = sources if len(sources) > 1 else sources * 2
+        return [engine(path, loop=config, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                       engine_args=self.engine_args) for path, config in zip(paths, loops)]
+
+    def meter(self, loaded, vocab_size: int, prompt_tokens: int, seed: int) -> Meter:
         return Meter("cpu", vocab_size, prompt_tokens, seed)
 
-    def kv_bytes_per_token(self, llm) -> int:
-        return kv_bytes_per_token(llm)
+    def memory_runs(self, new_tokens: int) -> int:
+        return 0  # nothing generated: vLLM preallocates its KV cache
 
-    def settings(self, llm) -> dict:
+    def memory(self, meter, llm, *, prompt_tokens: int, new_tokens: int) -> tuple[int, None, int]:
+        """(one row's KV bytes as vLLM allocates them, no measured growth, KV bytes per token)."""
+        kv = kv_bytes_per_token(llm)
+        return kv * (prompt_tokens + new_tokens), None, kv
+
+    def settings(self, timed, meter) -> dict:
         """What the JSON's settings record of the engine."""
         return {"cache": "paged", "compile": False, "device": device_type(),
                 "engine_args": {**FIXED, **self.engine_args},
-                "kv_block_size": kv_cache_config(llm).kv_cache_groups[0].kv_cache_spec.block_size,
+                "kv_block_size": kv_cache_config(timed[0]).kv_cache_groups[0].kv_cache_spec.block_size,
                 "memory": "weights + vLLM's KV bytes per token x (prompt_tokens + new_tokens)"}
 
 

@@ -105,7 +105,7 @@ def test_a_loop_config_that_does_not_fit_is_refused_before_weights_load(tmp_path
     import transformers
 
     from loopeval import save_model
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
     from loopeval.tools.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()

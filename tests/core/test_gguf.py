@@ -34,7 +34,7 @@ def test_gguf_file_in_load_model_and_resolve_loop_is_checked_first(tmp_path):
 
 
 def test_looped_model_refuses_a_missing_gguf_file(tmp_path):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     with pytest.raises(ValueError, match="looped: pretrained=.*absent.gguf: no such GGUF file"):
         LoopedLM(str(tmp_path), gguf_file="absent.gguf")
@@ -82,7 +82,7 @@ def test_a_gguf_whose_tensors_do_not_make_its_architectures_model_is_refused(tmp
     assert not (tmp_path / "out").exists()
     # every other loader of a GGUF refuses it too, rather than evaluating random attention biases
     from loopeval import load_model
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     tokenizer.save_pretrained(tmp_path)  # the file's own tokenizer, beside it
     with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model"):

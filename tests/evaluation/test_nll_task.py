@@ -373,7 +373,7 @@ def test_lm_eval_command_line_checks_local_task_data_before_the_model_loads(tmp_
     """``lm_eval --model looped --tasks gsm8k_nll --include_path DIR``: lm-eval builds the
     model before it reads task data; the looped model checks the named local tasks' data
     first (the model path here does not even exist, so a load would fail otherwise)."""
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     folder = tmp_path / "data" / "gsm8k" / "main"
     folder.mkdir(parents=True)

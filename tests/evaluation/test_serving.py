@@ -155,10 +155,10 @@ def test_cpu_auto_batch_doubles_while_throughput_rises(monkeypatch):
     from loopeval.evaluation import serving
 
     rates = {1: 10.0, 2: 19.0, 4: 30.0, 8: 31.0, 16: 60.0}  # 8 adds under 5%: stop, keep 4
-    monkeypatch.setattr(serving._Meter, "seconds", lambda self, model, batch, new: batch * new / rates[batch])
-    meter = serving._Meter("cpu", 0, 100, 4, {}, 0)
-    assert serving._auto_batch(meter, None, 10, cache_bytes_per_row=1) == 4
-    assert serving._auto_batch(meter, None, 10, cache_bytes_per_row=10**15) == 1  # memory bound first
+    monkeypatch.setattr(serving.hf.HFMeter, "seconds", lambda self, model, batch, new: batch * new / rates[batch])
+    meter = serving.hf.HFMeter("cpu", 0, 100, 4, {}, 0)
+    assert serving.hf.auto_batch(meter, None, 10, cache_bytes_per_row=1) == 4
+    assert serving.hf.auto_batch(meter, None, 10, cache_bytes_per_row=10**15) == 1  # memory bound first
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 693, 710, 1024])
@@ -172,7 +172,7 @@ def test_cuda_auto_batch_finds_the_largest_batch_that_fits(limit):
         def fits(self, model, batch, new_tokens):
             return batch <= limit
 
-    assert serving._auto_batch(Device(), None, 4, cache_bytes_per_row=1) == limit
+    assert serving.hf.auto_batch(Device(), None, 4, cache_bytes_per_row=1) == limit
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -187,7 +187,7 @@ def test_cuda_auto_batch_finds_the_largest_batch_that_fits(limit):
 def test_bad_input_is_refused_before_any_work(options, message, monkeypatch):
     from loopeval.evaluation import serving
 
-    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
+    monkeypatch.setattr(serving.measure, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
     kwargs = {"loop": "1:4x2", "prompt_tokens": 8, "new_tokens": 4, **options}
     with pytest.raises(ValueError, match=message):
         serving.serve_cost(tiny_model("qwen3"), progress=False, **kwargs)
@@ -206,7 +206,7 @@ def test_the_engine_refuses_what_it_cannot_measure_before_any_work(options, mess
     from loopeval.engines import vllm_serving
     from loopeval.evaluation import serving
 
-    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
+    monkeypatch.setattr(serving.measure, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
     kwargs = {"loop": "1:4x2", "prompt_tokens": 8, "new_tokens": 4, "batch_sizes": [1], **options}
     with pytest.raises(ValueError, match=message):
         vllm_serving.serve_cost(str(tmp_path), progress=False, **kwargs)
@@ -214,13 +214,11 @@ def test_the_engine_refuses_what_it_cannot_measure_before_any_work(options, mess
         vllm_serving.serve_cost(tiny_model("qwen3"), loop="1:4x2", batch_sizes=[1], progress=False)
 
 
-@pytest.mark.parametrize(("engine", "message"), [
-    ("vllm", r"engine 'vllm': serve_cost takes engine=None for the HF path .* loopeval.engines.vllm_serving.serve_cost"),
-    ("sglang", r"engine 'sglang': serve_cost takes engine=None for the HF path and an engine object otherwise"),
-])
-def test_an_engine_by_name_is_refused_naming_where_it_lives(engine, message, tmp_path):
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_engine_by_name_is_refused_naming_what_it_takes(engine, tmp_path):
     from loopeval.evaluation import serving
 
+    message = rf"engine '{engine}': serve_cost takes a serving backend object .* loopeval serve-cost --engine NAME"
     with pytest.raises(ValueError, match=message):
         serving.serve_cost(str(tmp_path), loop="1:4x2", batch_sizes=[1], engine=engine, progress=False)
 
@@ -233,7 +231,7 @@ def test_a_missing_vllm_is_refused_with_the_install_line(tmp_path, monkeypatch):
         raise ImportError(vllm_engine.INSTALL)
 
     monkeypatch.setattr(vllm_serving, "engine_version", missing)
-    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before vLLM was found"))
+    monkeypatch.setattr(serving.measure, "_load", lambda *a, **k: pytest.fail("models loaded before vLLM was found"))
     with pytest.raises(ValueError) as refused:
         vllm_serving.serve_cost(str(tmp_path), loop="1:4x2", batch_sizes=[1], progress=False)
     assert str(refused.value) == f"--engine vllm: {vllm_engine.INSTALL}"
@@ -246,7 +244,7 @@ def test_compile_without_a_working_backend_is_explained(monkeypatch):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before the backend was checked"))
+    monkeypatch.setattr(serving.measure, "_load", lambda *a, **k: pytest.fail("models loaded before the backend was checked"))
     with pytest.raises(ValueError, match=r"--compile: torch.compile \(inductor\) cannot build a kernel on cpu "
                                          r"\(InvalidCxxCompiler.*\); drop --compile"):
         serving.serve_cost(tiny_model("qwen3"), loop="1:4x2", cache="static", compile=True, progress=False)
@@ -268,7 +266,7 @@ def checkpoints(tmp_path_factory):
 def test_models_with_different_tokenizers_or_a_loop_for_two_are_refused(checkpoints, monkeypatch):
     from loopeval.evaluation import serving
 
-    monkeypatch.setattr(serving, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
+    monkeypatch.setattr(serving.measure, "_load", lambda *a, **k: pytest.fail("models loaded before the input was checked"))
     with pytest.raises(ValueError, match=r"other and .*base have different tokenizers"):
         serving.serve_cost([checkpoints / "base", checkpoints / "other"], progress=False)
     with pytest.raises(ValueError, match="--loop compares one model with its own unlooped self"):
@@ -286,7 +284,8 @@ def test_two_checkpoints_are_compared_with_the_first(checkpoints):
 
 
 def test_lm_eval_model_passes_cache_and_compile_to_generate_and_records_them(checkpoints, tmp_path, monkeypatch):
-    from loopeval.evaluation.model_adapters.looped import LoopedArgs, LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
+    from loopeval.evaluation.model_args import LoopedArgs
 
     assert LoopedArgs.parse({"cache_implementation": "static", "compile": "true"}).compile is True
     with pytest.raises(ValueError, match=r"cache_implementation='paged': choose one of dynamic, static"):
@@ -296,7 +295,7 @@ def test_lm_eval_model_passes_cache_and_compile_to_generate_and_records_them(che
     lm = LoopedLM(pretrained=str(checkpoints / "looped"), device="cpu", cache_implementation="static",
                   trace=str(tmp_path))
     assert lm.generation_options == {"disable_compile": True, "cache_implementation": "static"}
-    header = lm.trace_header()
+    header = lm.session.trace_header()
     assert header.generation == {"cache_implementation": "static", "compile": False}
     assert "cache_implementation" not in header.decoding.__dict__  # speed only: not a shared setting
     from loopeval.evaluation.trace import TraceHeader
@@ -309,7 +308,7 @@ def test_lm_eval_static_cache_generates_what_the_dynamic_cache_does(checkpoints,
     from lm_eval.tasks import TaskManager
 
     from support import write_generate_task
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     rows = [{"question": q, "answer": "7"} for q in ("What is 3 + 4?", "Tom has 3 apples.", "2 + 2 =")]
     write_generate_task(tmp_path, "tiny_gen", rows, max_gen_toks=8)

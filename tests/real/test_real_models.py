@@ -55,7 +55,7 @@ def test_the_import_records_the_gguf_chat_template(smollm2, gemma3_gguf):
     import sys
 
     from loopeval.core.gguf import IMPORT_RECORD
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     assert json.loads((smollm2 / IMPORT_RECORD).read_text())["chat_template"] is True
     gemma = imported(gemma3_gguf)

@@ -20,7 +20,7 @@ write_generate_task(root / "tasks", "gsm_b", rows, max_gen_toks=48)
 cfg = yaml.safe_load((root / "tasks" / "gsm_b.yaml").read_text()); cfg["generation_kwargs"]["until"] = ["\n"]
 (root / "tasks" / "gsm_b.yaml").write_text(yaml.safe_dump(cfg))
 args = {"pretrained": smollm2, "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "device": "cpu", "dtype": "float32"}
-from loopeval.evaluation.model_adapters.looped import LoopedLM
+from loopeval.model_adapters.looped import LoopedLM
 lm = LoopedLM(**args, batch_size=2)
 def run(tasks):
     t = time.time()

@@ -236,12 +236,12 @@ def test_collapse_episodes_and_monitor():
 
 
 def test_exit_after_equals_the_loop_run_k_steps(pair, tokenizer):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     _, looped = pair
     lm = LoopedLM(pretrained=str(looped.path), exit_after=2, device="cpu", batch_size=2)
     stored = loop_config(load_model(looped.path)[0])
-    assert lm.loop == LoopConfig("0:6x2", operator="repeat", mix=stored.mix, mix_source="embedding")
+    assert lm.session.loop == LoopConfig("0:6x2", operator="repeat", mix=stored.mix, mix_source="embedding")
     reference, _ = load_model(looped.path)  # 0:6x3: read its second step's output
     ids = _ids(tokenizer)
     with torch.no_grad(), record_iterates(reference) as recorded:
@@ -252,12 +252,12 @@ def test_exit_after_equals_the_loop_run_k_steps(pair, tokenizer):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert check_cache(lm.model, tokenizer, max_new_tokens=12).ok
     assert lm.cost.passes == 12 and lm.cost.multiplier == 2.0
-    header = lm.trace_header()
+    header = lm.session.trace_header()
     assert header.exit_after == 2 and header.loop["loop"] == "0:6x2" and header.multiplier == 2.0
 
 
 def test_exit_after_bad_input(pair, work):
-    from loopeval.evaluation.model_adapters.looped import LoopedLM
+    from loopeval.model_adapters.looped import LoopedLM
 
     _, looped = pair
     with pytest.raises(ValueError, match=r"exit_after=4: larger than the loop's step count; window 0:6x3"):

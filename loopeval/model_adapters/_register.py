@@ -6,6 +6,11 @@ installed ``loopeval-lm-eval.pth`` imports this module at interpreter start-up; 
 waits for ``lm_eval.models`` to be imported and then adds ``looped`` as a lazy
 placeholder, as lm-eval does for its own models.
 
+Registering also installs :func:`excepthook`: a loopeval refusal
+(:class:`loopeval.common.errors.UserError`) that reaches the top of an ``lm_eval`` run
+prints its one-line message alone, not lm-eval's traceback (the process exits with 1,
+as on any uncaught exception).
+
 Every Python start in the environment runs this, so it imports nothing but ``sys``:
 the finder is duck-typed rather than an ``importlib.abc.MetaPathFinder``, whose import
 alone costs milliseconds.
@@ -14,7 +19,17 @@ alone costs milliseconds.
 import sys
 
 TARGET = "lm_eval.models"
-PLACEHOLDER = "loopeval.evaluation.model_adapters.looped:LoopedLM"
+PLACEHOLDER = "loopeval.model_adapters.looped:LoopedLM"
+
+
+def excepthook(kind, value, traceback, _previous=sys.excepthook):
+    """``sys.excepthook`` that prints a :class:`~loopeval.common.errors.UserError` as its message alone."""
+    from loopeval.common.errors import UserError
+
+    if isinstance(value, UserError):
+        print(value, file=sys.stderr)
+        return
+    _previous(kind, value, traceback)
 
 
 def register(module=None) -> None:
@@ -22,6 +37,8 @@ def register(module=None) -> None:
 
     if "looped" not in model_registry:
         model_registry.register("looped", target=PLACEHOLDER)
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = excepthook
 
 
 class _AfterImport:
