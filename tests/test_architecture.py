@@ -37,16 +37,20 @@ def _imports(path: Path) -> set[str]:
 
 def _module(path: Path) -> str:
     rel = path.relative_to(ROOT).with_suffix("")
-    parts = ("loopeval", *rel.parts) if rel.parts[0] == "tasks" else rel.parts  # the wheel's loopeval/tasks
+    # the top-level folders the wheel ships inside the package: loopeval/tasks, loopeval/model_adapters
+    parts = ("loopeval", *rel.parts) if rel.parts[0] in ("tasks", "model_adapters") else rel.parts
     return ".".join(parts[:-1] if rel.name == "__init__" else parts)
 
 
 def _distribution() -> list[Path]:
-    """Every Python file the wheel ships: the package, and the folders pyproject.toml force-includes into it."""
+    """Every Python file the wheel ships: the package, the top-level folders it links to
+    (``loopeval/model_adapters`` is ``model_adapters/``; the wheel follows the link, ``rglob`` does
+    not) and the folders pyproject.toml force-includes into it."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    included = project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    included = list(project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"])
+    included += [str(link.resolve().relative_to(ROOT)) for link in PACKAGE.rglob("*") if link.is_symlink()]
     files = list(PACKAGE.rglob("*.py"))
     for source in included:
         path = ROOT / source
