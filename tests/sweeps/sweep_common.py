@@ -1,4 +1,4 @@
-"""The sweeps' one way to run a loopeval command in process: ``cli(argv)``."""
+"""The sweeps' one way to run a loopeval command in process (``cli(argv)``) and to record a case's verdict (``case``)."""
 import contextlib
 import io
 import traceback
@@ -17,3 +17,18 @@ def cli(argv):
         except BaseException:
             code = "TRACEBACK"; err.write(traceback.format_exc())
     return code, err.getvalue().strip().splitlines()[-1:], out.getvalue()
+
+
+results = []
+"""Every case's verdict, in order."""
+
+
+def case(name, fn):
+    """Run ``fn`` (returning ``(verdict, detail)``), record its verdict and print one line; an
+    exception is a TRACEBACK."""
+    try:
+        verdict, detail = fn()
+    except BaseException as e:
+        verdict, detail = "TRACEBACK", f"{type(e).__name__}: {e}"
+    results.append(verdict)
+    print(f"{verdict} | {name} | {str(detail)[:240]}", flush=True)

@@ -16,10 +16,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import yaml  # noqa: E402
 from support import write_tiny_gguf  # noqa: E402
-from sweep_common import cli  # noqa: E402
+from sweep_common import case, cli, results  # noqa: E402
 
 T = Path(tempfile.mkdtemp())
-results = []
 
 
 def refused(argv, expect=None):
@@ -27,15 +26,6 @@ def refused(argv, expect=None):
     err = (err or [""])[0]
     ok = code == 2 and "Traceback" not in err and (expect is None or expect in err)
     return ("REFUSED" if ok else "TRACEBACK" if code == "TRACEBACK" else f"WRONG({code})"), err
-
-
-def case(name, fn):
-    try:
-        verdict, detail = fn()
-    except BaseException as e:
-        verdict, detail = "TRACEBACK", f"{type(e).__name__}: {e}"
-    results.append(verdict)
-    print(f"{verdict} | {name} | {str(detail)[:240]}", flush=True)
 
 
 WHOLE = write_tiny_gguf(T / "whole.gguf").read_bytes()

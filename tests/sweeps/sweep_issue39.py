@@ -16,11 +16,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import yaml  # noqa: E402
 from support import write_tiny_gguf  # noqa: E402
-from sweep_common import cli  # noqa: E402
+from sweep_common import case, cli, results  # noqa: E402
 
 T = Path(tempfile.mkdtemp())
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
-results = []
 
 
 def run(argv, expect=None, ok=False, env=None):
@@ -37,15 +36,6 @@ def run(argv, expect=None, ok=False, env=None):
         return ("ACCEPTED" if code == 0 else f"WRONG({code})"), err
     good = code == 2 and "Traceback" not in err and (expect is None or expect in err)
     return ("REFUSED" if good else "TRACEBACK" if code == "TRACEBACK" else f"WRONG({code})"), err
-
-
-def case(name, fn):
-    try:
-        verdict, detail = fn()
-    except BaseException as e:
-        verdict, detail = "TRACEBACK", f"{type(e).__name__}: {e}"
-    results.append(verdict)
-    print(f"{verdict} | {name} | {str(detail)[:240]}", flush=True)
 
 
 def lock(name, text):
