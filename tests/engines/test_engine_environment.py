@@ -32,7 +32,7 @@ def test_the_engine_tests_pass_in_the_engine_environment():
         pytest.skip(message)
     found = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
     assert found.returncode == 0, f"{python} cannot import vllm:\n{found.stderr[-2000:]}"
-    result = subprocess.run([python, "-m", "pytest", str(HERE / "test_vllm_engine.py"), "-q", "-n", "0",
+    result = subprocess.run([python, "-m", "pytest", str(HERE), "-q", "-n", "0",
                              "-p", "no:cacheprovider", "-o", "addopts=-ra"], cwd=ROOT, capture_output=True,
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, f"{python} -m pytest tests/engines:\n{result.stdout[-6000:]}\n{result.stderr[-2000:]}"
