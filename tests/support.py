@@ -238,6 +238,26 @@ def write_tiny_gguf(path, arch="llama", *, blocks=2, width=64, drop=(), extra=()
     return path
 
 
+def drop_gguf_tensor(source, out, name: str):
+    """A copy of the GGUF ``source`` at ``out`` whose tensor table lacks ``name`` (its bytes stay
+    in the data section, unreferenced): the table is located by the gguf library's reader, an
+    independent parser, and every other byte is copied as it is."""
+    import struct
+
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(source))
+    raw = Path(source).read_bytes()
+    entries = {t.name: (t.field.offset, sum(p.nbytes for p in t.field.parts)) for t in reader.tensors}
+    assert name in entries, f"{source} has no tensor {name}"
+    first = min(start for start, _ in entries.values())
+    table = b"".join(raw[start:start + size] for t, (start, size) in entries.items() if t != name)
+    head = raw[:8] + struct.pack("<Q", len(entries) - 1) + raw[16:first] + table
+    head += bytes(-len(head) % reader.alignment)
+    Path(out).write_bytes(head + raw[reader.data_offset:])
+    return Path(out)
+
+
 def assert_close_in_float32(actual, expected) -> None:
     """``actual`` equals ``expected`` (float32 activations or logits computed another correct way:
     other batch shapes, a cache, an unrolled copy) within float32 rounding: per vector along the

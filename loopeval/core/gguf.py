@@ -24,6 +24,7 @@ from pathlib import Path
 from loopeval.common.errors import UserError
 from loopeval.common.outputs import check_not_installed
 from loopeval.core.gguf_header import GGUFHeader, check_header
+from loopeval.core.gguf_weights import check_weights_set
 
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -55,9 +56,10 @@ def check_chat_template(source: str, **tokenizer_kwargs) -> None:
 
 def check_gguf(file: str | Path) -> Path:
     """``file`` as a path, or ``ValueError`` if it is missing, not a GGUF file (its first
-    four bytes are not ``GGUF``), or a damaged one: its header, metadata and tensor table
-    are checked against the file size and its architecture
-    (:func:`loopeval.core.gguf_header.check_header`)."""
+    four bytes are not ``GGUF``), a damaged one (its header, metadata and tensor table
+    checked against the file size and its architecture:
+    :func:`loopeval.core.gguf_header.check_header`), or one whose tensors leave weights of
+    transformers' model for it unset (:func:`loopeval.core.gguf_weights.check_weights_set`)."""
     path = Path(file)
     if not path.is_file():
         raise ValueError(f"{file}: no such GGUF file")
@@ -65,7 +67,7 @@ def check_gguf(file: str | Path) -> Path:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ValueError(f"{file}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
-    check_header(path)
+    check_weights_set(path, check_header(path))
     return path
 
 
@@ -154,9 +156,9 @@ def import_gguf(file: str | Path, out: str | Path, *, dtype: str = "float32") ->
     """Write the model in the GGUF ``file`` as a float Hugging Face checkpoint folder ``out``.
 
     Refused before any loading: an unknown ``dtype``, an ``out`` that exists and is not
-    empty or lies in loopeval's installed folders, a file that is missing, not GGUF or
-    damaged (:func:`check_gguf`); after the conversion, before anything is written, a file
-    whose tensors leave weights of its architecture's model unset. The folder is written
+    empty or lies in loopeval's installed folders, a file that is missing, not GGUF,
+    damaged or whose tensors leave weights of its architecture's model unset
+    (:func:`check_gguf`). The folder is written
     beside ``out`` and renamed into place, so a failed import leaves no partial checkpoint.
     A GGUF without a chat template (Gemma 3 270M's) is imported with a warning that names the fix.
     """
@@ -216,7 +218,8 @@ def from_pretrained_checked(path, *args, gguf_file: str | None = None, **kwargs)
     weights of its architecture's model unset (transformers would initialise them at random,
     e.g. a Llama file labelled ``qwen2`` lacks Qwen2's attention biases) is refused, naming the
     file. Every loader of a GGUF goes through it: ``import-gguf``, ``load_model`` and lm-eval's
-    ``looped`` model."""
+    ``looped`` model. The backstop of :func:`check_gguf`'s check before loading, which predicts
+    the same from transformers' name map; this one reads what the load did."""
     from transformers import AutoModelForCausalLM
 
     if gguf_file is None:

@@ -68,28 +68,50 @@ def test_a_damaged_gguf_is_refused_in_one_line_naming_the_file(tmp_path):
             check_gguf(write_tiny_gguf(tmp_path / name, **kwargs))
 
 
-def test_a_gguf_whose_tensors_do_not_make_its_architectures_model_is_refused(tmp_path):
-    """A Llama file labelled qwen2 (metadata renamed too) passes the header, but Qwen2 has
-    attention biases the file lacks: transformers would initialise them; the import refuses."""
+@pytest.mark.parametrize("case", ["norm", "gate", "qwen2"])
+def test_a_gguf_that_leaves_a_weight_unset_is_refused_before_any_weights_load(tmp_path, monkeypatch, case):
+    """A file without its final norm, without a tensor in every block (the header's per-block
+    check cannot see it), or a Llama file labelled qwen2 (Qwen2 has attention biases the file
+    lacks): transformers would keep those weights at their random initial values. Every loader
+    refuses the file before any weights load, naming it and the weights; the weights named
+    are the ones transformers' own load reports missing."""
+    import re
+
+    import transformers
+
+    from loopeval.common.errors import UserError
+    from loopeval.model_adapters.looped import LoopedLM
     from loopeval.tools.tiny import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
-    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen2", vocab=len(tokenizer),
-                           tokens=tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
-    with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model: \d+ weights are missing "
-                                         r"\(e.g. model.layers.0.self_attn.\w_proj.bias\)"):
-        import_gguf(path, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-    # every other loader of a GGUF refuses it too, rather than evaluating random attention biases
-    from loopeval import load_model
-    from loopeval.model_adapters.looped import LoopedLM
-
+    kwargs = {"norm": {"drop": ("output_norm.weight",)},
+              "gate": {"drop": ("blk.0.ffn_gate.weight", "blk.1.ffn_gate.weight")},
+              "qwen2": {"arch": "qwen2"}}[case]
+    path = write_tiny_gguf(tmp_path / "m.gguf", vocab=len(tokenizer),
+                           tokens=tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))), **kwargs)
     tokenizer.save_pretrained(tmp_path)  # the file's own tokenizer, beside it
-    with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model"):
-        load_model(tmp_path, gguf_file="q.gguf")
-    tokenizer.save_pretrained(tmp_path / "tokenizer")
-    with pytest.raises(ValueError, match=r"q.gguf: its tensors do not make a qwen2 model"):
-        LoopedLM(pretrained=str(tmp_path), gguf_file="q.gguf", device="cpu", tokenizer=str(tmp_path / "tokenizer"))
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf",
+                                                                   output_loading_info=True)
+    truth = sorted(set(info["missing_keys"]) - set(model._tied_weights_keys or {}))
+    assert truth
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    with pytest.raises(ValueError) as info:
+        check_gguf(path)
+    message = str(info.value)
+    arch = "qwen2" if case == "qwen2" else "llama"
+    assert message.startswith(f"{path}: its tensors leave {len(truth)} weight(s) of transformers' {arch} model unset "
+                              "(they would keep their random initial values): no tensor ")
+    named = re.findall(r"\((model\.[\w.]+)\)", message)
+    assert set(named) <= set(truth) and len(set(named)) == min(len(truth), 4)
+    for load in (lambda: import_gguf(path, tmp_path / "out"), lambda: load_model(tmp_path, gguf_file="m.gguf"),
+                 lambda: LoopedLM(pretrained=str(tmp_path), gguf_file="m.gguf", device="cpu")):
+        with pytest.raises((ValueError, UserError), match=re.escape(message)):
+            load()
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_gguf_without_a_tokenizer_or_beside_another_models_files_is_refused_before_weights_load(tmp_path, monkeypatch):

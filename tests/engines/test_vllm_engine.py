@@ -268,7 +268,7 @@ def test_both_backends_refuse_bad_input_with_one_message_before_any_weights_load
     """The session checks every input once, for every backend, before any weights load."""
     import sys
 
-    from support import local_tasks
+    from support import local_tasks, write_tiny_gguf
 
     from loopeval.common import threads
 
@@ -296,6 +296,11 @@ def test_both_backends_refuse_bad_input_with_one_message_before_any_weights_load
     with pytest.raises(ValueError, match=r"^looped: pretrained=.*gguf_dir/m.gguf: not a GGUF file"):
         (tmp_path / "gguf_dir").mkdir()
         (tmp_path / "gguf_dir" / "m.gguf").write_bytes(b"not a gguf")
+        _looped(engine, tmp_path / "gguf_dir", gguf_file="m.gguf")
+    write_tiny_gguf(tmp_path / "gguf_dir" / "m.gguf", drop=("output_norm.weight",))
+    with pytest.raises(ValueError, match=r"^looped: pretrained=.*gguf_dir/m.gguf: its tensors leave 1 weight\(s\) of "
+                                         r"transformers' llama model unset .*: no tensor output_norm.weight "
+                                         r"\(model.norm.weight\);"):
         _looped(engine, tmp_path / "gguf_dir", gguf_file="m.gguf")
 
 

@@ -49,6 +49,34 @@ def test_imported_checkpoint_equals_transformers_own_gguf_load(smollm2, smollm2_
         torch.testing.assert_close(model(**enc).logits, gguf(**enc).logits, rtol=0, atol=0)
 
 
+def test_the_real_gguf_without_one_tensor_is_refused_before_any_weights_load(smollm2_gguf, tmp_path, monkeypatch):
+    """SmolLM2's file passes the unset-weight check; a copy whose table lacks output_norm.weight
+    (a header that is otherwise whole) is refused by the import and by lm-eval's ``looped``,
+    naming the file and the weight, before any weights load (transformers would keep
+    model.norm.weight at its initial value)."""
+    import re
+
+    from transformers import AutoModelForCausalLM
+
+    from loopeval.core.gguf import check_gguf, import_gguf
+    from loopeval.core.gguf_header import check_header
+    from loopeval.model_adapters.looped import LoopedLM
+    from support import drop_gguf_tensor
+
+    check_gguf(smollm2_gguf)
+    cut = drop_gguf_tensor(smollm2_gguf, tmp_path / "m.gguf", "output_norm.weight")
+    assert len(check_header(cut).tensors) == len(check_header(smollm2_gguf).tensors) - 1
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    message = (f"{cut}: its tensors leave 1 weight(s) of transformers' llama model unset (they would keep their random "
+               "initial values): no tensor output_norm.weight (model.norm.weight); is general.architecture right, "
+               "or was a tensor dropped?")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        import_gguf(cut, tmp_path / "out")
+    with pytest.raises(ValueError, match=f"^looped: pretrained={re.escape(message)}$"):
+        LoopedLM(pretrained=str(tmp_path), gguf_file="m.gguf", device="cpu")
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_import_records_the_gguf_chat_template(smollm2, gemma3_gguf):
     """SmolLM2's GGUF carries a chat template, Gemma 3 270M's none; the import records which,
     and ``--apply_chat_template`` on Gemma is refused before its weights load."""
