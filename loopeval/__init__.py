@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # loop a model
-    "LoopSpec": "loopeval.core.loop",
+    "LoopSpec": "loopeval.core.spec",
     "apply_loop": "loopeval.core.loop",
     "remove_loop": "loopeval.core.loop",
     "loop_config": "loopeval.core.loop",

@@ -3,7 +3,7 @@
 The paper charges a loop its layer passes, c = (N + m) / N: "We charge the loop its
 layer passes, (N+m)/N, which matches the measured slowdown of memory-bound decoding."
 A sub-layer call site (an attention-only or MLP-only pass) is charged half a layer pass
-(``loopeval.core.loop.PASS_CHARGE``), so the paper's searched Qwen3.5 span ``0:8x2+0:1x3/mlp``
+(``loopeval.core.spec.PASS_CHARGE``), so the paper's searched Qwen3.5 span ``0:8x2+0:1x3/mlp``
 costs 32 -> 41 passes. FLOPs refine that with the usual dense accounting: a forward
 pass costs 2 FLOPs per parameter it multiplies by (each call site's parameters, plus the
 LM head; embedding look-ups are free), plus the attention term, which depends on the
@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from loopeval.core.loop import check_sub_layer_support, decoder_layers
+from loopeval.core.blocks import check_sub_layer_support
+from loopeval.core.loop import decoder_layers
 from loopeval.core.spec import charged_passes, CallSite, LoopSpec
 
 

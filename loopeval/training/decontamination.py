@@ -201,21 +201,9 @@ def _paths(out: Path, removed: str | Path | None) -> tuple[Path, Path]:
     return Path(removed) if removed is not None else out.with_suffix(".removed.jsonl"), out.with_suffix(".decontamination.json")
 
 
-def decontaminate(data: str | Path, *, out: str | Path, against: Sequence[str] = PAPER_TEST_SETS, n: int = DEFAULT_N,
-                  include_path: str | Path | Sequence[str | Path] | None = None, removed: str | Path | None = None,
-                  overwrite: bool = False) -> Decontamination:
-    """Copy the JSONL file ``data`` to ``out`` without every row that shares an ``n``-gram
-    of lower-cased words with a test document of the lm-eval tasks ``against``.
-
-    Kept rows are copied byte for byte, in order. ``removed`` (default
-    ``OUT.removed.jsonl``) gets one line per removed row and task: ``row`` (the line
-    number in ``data``), ``task``, ``doc_id`` and the first shared ``ngram``.
-    ``OUT.decontamination.json`` records what was checked and the sha256 of ``out``;
-    training finds it beside its data and writes it into the training manifest.
-    The defaults are the paper's: 13-grams, against GSM8K test, MATH-500, AIME 2024/2025
-    and GPQA-Diamond.
-    """
-    data, out = Path(data), Path(out)
+def _check_files(data: Path, out: Path, removed, *, n, overwrite: bool) -> tuple[Path, Path]:
+    """The removed-rows and record paths, after refusing a missing ``data``, outputs that are
+    not four different files, existing outputs (unless ``overwrite``) and a bad ``n``."""
     if not data.is_file():
         raise FileNotFoundError(f"training data {data}: no such file")
     removed_path, record_path = _paths(out, removed)
@@ -227,13 +215,13 @@ def decontaminate(data: str | Path, *, out: str | Path, against: Sequence[str] =
         raise ValueError(f"{existing[0]} exists; choose another --out or pass overwrite=True (--overwrite)")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n {n!r}: must be an integer >= 1")
-    against = list(against)
-    index = NgramIndex(eval_documents(against, include_path=include_path), n=n)
-    for task, short in sorted(index.short.items()):
-        warnings.warn(f"decontaminate: task {task}: {short} of {index.documents[task]} test documents have no text of "
-                      f"{n} words, so no {n}-gram can find them and a verbatim copy of them stays in the data; "
-                      "lower n to check them", stacklevel=2)
+    return removed_path, record_path
 
+
+def _filter(data: Path, index: NgramIndex, out: Path, removed_path: Path) -> tuple[str, str, int, int, int, dict]:
+    """Copy the rows of ``data`` that ``index`` finds nothing in to ``out`` and list the others in
+    ``removed_path`` (each written beside as ``.part`` and renamed into place): the sha256 of
+    ``data`` and of ``out``, the rows read, kept and removed, and the removals per task."""
     out.parent.mkdir(parents=True, exist_ok=True)
     removed_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_out, tmp_removed = out.with_name(out.name + ".part"), removed_path.with_name(removed_path.name + ".part")
@@ -278,11 +266,38 @@ def decontaminate(data: str | Path, *, out: str | Path, against: Sequence[str] =
     finally:
         for tmp in (tmp_out, tmp_removed):
             tmp.unlink(missing_ok=True)
+    return source.hexdigest(), target.hexdigest(), rows, kept, dropped, by_task
+
+
+def decontaminate(data: str | Path, *, out: str | Path, against: Sequence[str] = PAPER_TEST_SETS, n: int = DEFAULT_N,
+                  include_path: str | Path | Sequence[str | Path] | None = None, removed: str | Path | None = None,
+                  overwrite: bool = False) -> Decontamination:
+    """Copy the JSONL file ``data`` to ``out`` without every row that shares an ``n``-gram
+    of lower-cased words with a test document of the lm-eval tasks ``against``.
+
+    Kept rows are copied byte for byte, in order. ``removed`` (default
+    ``OUT.removed.jsonl``) gets one line per removed row and task: ``row`` (the line
+    number in ``data``), ``task``, ``doc_id`` and the first shared ``ngram``.
+    ``OUT.decontamination.json`` records what was checked and the sha256 of ``out``;
+    training finds it beside its data and writes it into the training manifest.
+    The defaults are the paper's: 13-grams, against GSM8K test, MATH-500, AIME 2024/2025
+    and GPQA-Diamond.
+    """
+    data, out = Path(data), Path(out)
+    removed_path, record_path = _check_files(data, out, removed, n=n, overwrite=overwrite)
+    against = list(against)
+    index = NgramIndex(eval_documents(against, include_path=include_path), n=n)
+    for task, short in sorted(index.short.items()):
+        warnings.warn(f"decontaminate: task {task}: {short} of {index.documents[task]} test documents have no text of "
+                      f"{n} words, so no {n}-gram can find them and a verbatim copy of them stays in the data; "
+                      "lower n to check them", stacklevel=2)
+
+    source, target, rows, kept, dropped, by_task = _filter(data, index, out, removed_path)
     record = {
         "format": RECORD_FORMAT,
         "source": str(data),
-        "source_sha256": source.hexdigest(),
-        "sha256": target.hexdigest(),
+        "source_sha256": source,
+        "sha256": target,
         "n": n,
         "words": "lower-cased \\w+ runs",
         "against": against,

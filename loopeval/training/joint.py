@@ -61,7 +61,9 @@ from contextlib import nullcontext
 
 import torch
 
-from loopeval.core.loop import apply_loop, decoder_layers, loop_config, loop_disabled, loop_hooks_paused, remove_loop, whole_layer
+from loopeval.core.blocks import whole_layer
+from loopeval.core.loop import apply_loop, decoder_layers, loop_config, remove_loop
+from loopeval.core.loop_controls import loop_disabled, loop_hooks_paused
 from loopeval.training.objectives import kl_and_nll_sums, nll_sum
 from loopeval.training.config import RECEIVERS
 from loopeval.training.recipes import Forwards, Recipe

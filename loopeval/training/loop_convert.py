@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loopeval.core.exit_gate import ExitGate, attach_gate, gate_parameters
-from loopeval.core.loop import record_iterates, set_learned_mix, store_mix
+from loopeval.core.loop_controls import record_iterates, set_learned_mix, store_mix
 from loopeval.core.spec import LoopConfig
 
 MIX_SOURCE = "embedding"
@@ -63,7 +63,7 @@ def added_parameters(model: nn.Module) -> int:
 
 class LoopConvertModel(nn.Module):
     """The trainable module: the looped ``model``, its exit gate and its mix logit ``a``
-    (an ``nn.Parameter``, used by the loop through :func:`loopeval.core.loop.set_learned_mix`).
+    (an ``nn.Parameter``, used by the loop through :func:`loopeval.core.loop_controls.set_learned_mix`).
 
     ``forward(input_ids, attention_mask, labels=None)`` is the model's forward; with
     ``labels`` it also returns, for the target tokens, every step's next-token NLL and

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loopeval.core.loop import decoder_layers, loop_disabled
+from loopeval.core.loop import decoder_layers
+from loopeval.core.loop_controls import loop_disabled
 from loopeval.core.spec import LoopConfig
 from loopeval.training.config import ALL_LINEAR, TrainConfig, format_passes
 from loopeval.training.hashing import weights_sha256
@@ -128,7 +129,7 @@ class Convert(Recipe):
 
     The adapters go on the looped model, so every pass uses them. The teacher is the
     unmodified base model computed by the same weights: adapters disabled (PEFT) and
-    the loop switched off (:func:`loopeval.core.loop.loop_disabled`), in eval mode, without
+    the loop switched off (:func:`loopeval.core.loop_controls.loop_disabled`), in eval mode, without
     gradients. The twin runs the same recipe without the loop: the same data order,
     LoRA initialisation (seeded by ``seed``) and teacher.
     """
@@ -289,7 +290,7 @@ class LoopConvert(Recipe):
         if self.loop is None:
             return {}
         from loopeval.training.exit_monitor import collapse_episodes
-        from loopeval.core.loop import mix_weight
+        from loopeval.core.operators import mix_weight
 
         c = self.config
         trained = float(self.module.mix.detach())

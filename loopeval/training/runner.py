@@ -15,7 +15,7 @@ import json
 import platform
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
@@ -27,7 +27,8 @@ import torch
 from loopeval.common.outputs import record_written
 from loopeval.core.checkpoint import load_model, save_model
 from loopeval.core.cost import loop_cost
-from loopeval.core.loop import apply_loop, loop_passes
+from loopeval.core.loop import apply_loop
+from loopeval.core.loop_controls import loop_passes
 from loopeval.core.spec import LoopConfig
 from loopeval.training.manifest import MANIFEST_FORMAT, MANIFEST_NAME
 from loopeval.training.config import TrainConfig
@@ -207,139 +208,141 @@ def _heldout_loss(model, core, data: TrainData, depths: list[int | None], size: 
     return dict(zip(depths, means))
 
 
-def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig | None, out: Path, config: TrainConfig,
-              recipe: Recipe, *, accelerator=None, progress: bool = True, keep_adapters: bool = False,
-              bar_position: int = 0) -> TrainResult:
-    """Train one model (looped iff ``loop``) by ``recipe`` and save it to ``out``;
-    everything has been checked by the caller. ``bar_position``: the progress bar's line."""
-    from accelerate import Accelerator
-    from accelerate.utils import gather_object, set_seed
-    from tqdm.auto import tqdm
+@dataclass
+class _Tally:
+    """What the step loop accumulates for the manifest."""
 
-    accelerator = accelerator or Accelerator()
-    rank, world = accelerator.process_index, accelerator.num_processes
-    if config.batch_size % world:
-        raise ValueError(f"batch_size {config.batch_size} is not a multiple of the {world} processes")
-    role = LOOPED if loop is not None else TWIN
+    batches: object = field(default_factory=hashlib.sha256)  # the rows of every step, in order
+    input_tokens: int = 0
+    loss_tokens: int = 0
+    forward_flops: float = 0.0
+    teacher_flops: float = 0.0
+    teacher_blocks: float = 0.0
+    step_blocks: list = field(default_factory=list)
+    step_seconds: list = field(default_factory=list)
+    draws: list = field(default_factory=list)
+    stopped_by: str | None = None
+    curve: list = field(default_factory=list)
+    terms_curve: dict = field(default_factory=dict)
+    heldout_curve: list = field(default_factory=list)
+    checkpoints: list = field(default_factory=list)
+    window: list = field(default_factory=list)  # step losses since the last logged point
+    terms_window: dict = field(default_factory=dict)
 
+    def count(self, data: TrainData, rows: list[int], depth, step_cost: StepCost) -> int:
+        """Count a step's rows, draw and cost; its number of target tokens."""
+        update_batch_hash(self.batches, data, rows)
+        n_targets = int(data.targets[rows].sum())
+        self.input_tokens += int(data.lengths[rows].sum())
+        self.loss_tokens += n_targets
+        self.draws.append(depth)
+        self.forward_flops += step_cost.flops
+        self.teacher_flops += step_cost.teacher_flops
+        self.step_blocks.append(step_cost.blocks + step_cost.teacher_blocks)
+        self.teacher_blocks += step_cost.teacher_blocks
+        return n_targets
+
+    def add_loss(self, loss: torch.Tensor, terms: dict) -> None:
+        self.window.append(loss)
+        for name, value in terms.items():
+            self.terms_window.setdefault(name, []).append(value)
+
+    def check_draws(self) -> None:
+        """Every process drew the same loop depths (they depend on the seed and step alone)."""
+        from accelerate.utils import gather_object
+
+        everyone = gather_object([self.draws])
+        if any(d != self.draws for d in everyone):
+            raise RuntimeError(f"loop draws differ between processes: {everyone}")
+
+    def log(self, step: int) -> dict:
+        """A point of the loss curve (and of each term's) at ``step``: the mean since the last; the bar's postfix."""
+        self.curve.append([step, torch.stack(self.window).mean().item()])
+        for name, values in self.terms_window.items():
+            self.terms_curve.setdefault(name, []).append([step, torch.stack(values).mean().item()])
+        self.window, self.terms_window = [], {}
+        return dict(loss=f"{self.curve[-1][1]:.4f}",
+                    **{name: f"{values[-1][1]:.4f}" for name, values in self.terms_curve.items()})
+
+
+def _train_step(wrapped, core, recipe: Recipe, optimizer, rows: list[int], data: TrainData, *, step: int,
+                depth, n_targets: int, pad_id: int, config: TrainConfig, accelerator) -> tuple[torch.Tensor, dict]:
+    """One optimizer step on this process's share of the global batch ``rows`` (every
+    ``world``-th row, in micro-batches) at loop depth ``depth``: this process's summed loss
+    and loss terms (detached)."""
+    world = accelerator.num_processes
+    mine = rows[accelerator.process_index::world]
+    size = config.micro_batch_size or len(mine)
+    chunks = [mine[i:i + size] for i in range(0, len(mine), size)]
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr_at(step)
+    step_loss = torch.zeros((), device=accelerator.device)
+    step_terms = {}
+    with loop_passes(core, depth) if depth is not None else nullcontext():
+        for k, chunk in enumerate(chunks):
+            # gradients are all-reduced (averaged over processes) only after the last chunk
+            with accelerator.no_sync(wrapped) if k < len(chunks) - 1 else nullcontext():
+                loss, terms = recipe.losses(wrapped, collate(data, chunk, pad_id, accelerator.device))
+                accelerator.backward(loss * (world / n_targets))
+            step_loss += loss.detach()
+            for name, value in terms.items():
+                step_terms[name] = step_terms.get(name, 0.0) + value.detach()
+    if config.grad_clip > 0:
+        accelerator.clip_grad_norm_(wrapped.parameters(), config.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if accelerator.device.type == "cuda":
+        torch.cuda.synchronize()
+    return step_loss, step_terms
+
+
+def _heldout_and_checkpoint(step: int, last: bool, tally: _Tally, *, wrapped, core, recipe: Recipe, tokenizer,
+                            heldout: TrainData | None, depths: list, pad_id: int, out: Path, config: TrainConfig,
+                            accelerator) -> float:
+    """After ``step``: the held-out losses (at the last step and every ``save_every``) and an
+    intermediate checkpoint (every ``save_every``); the seconds they took."""
+    seconds = 0.0
+    saving = bool(config.save_every) and (step + 1) % config.save_every == 0
+    if heldout is not None and (last or saving):
+        t0 = time.perf_counter()
+        size = config.micro_batch_size or -(-len(heldout) // accelerator.num_processes)
+        losses = _heldout_loss(wrapped, core, heldout, depths, size, pad_id, accelerator)
+        point = {"step": step + 1, "tokens": tally.input_tokens, "loss": losses[None]}
+        if len(depths) > 1:
+            point["loss_by_passes"] = {str(d): losses[d] for d in depths[1:]}
+        tally.heldout_curve.append(point)
+        seconds += time.perf_counter() - t0
+    if saving and not last:
+        t0 = time.perf_counter()
+        name = f"checkpoint-{step + 1}"
+        if accelerator.is_main_process:
+            record_written(out, name)
+            save_model(recipe.checkpoint(accelerator.unwrap_model(wrapped)), tokenizer, out / name)
+        accelerator.wait_for_everyone()
+        tally.checkpoints.append({"step": step + 1, "tokens": tally.input_tokens, "path": name})
+        seconds += time.perf_counter() - t0
+    return seconds
+
+
+def _load_base(base, loop: LoopConfig | None, config: TrainConfig):
+    """The base model, looped iff ``loop`` and in training mode; its tokenizer, weights hash,
+    parameter count and training cost."""
     model, tokenizer = load_model(base, dtype=getattr(torch, config.dtype))
     base_hash = weights_sha256(model)
     base_params = sum(p.numel() for p in model.parameters())
     cost = _Cost(model, loop, config.max_length)
     if loop is not None:
         apply_loop(model, loop)
-    core = model
     if config.activation_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     model.train()
-    trainable = recipe.prepare(model)
-    set_seed(config.seed, device_specific=True)
-    wrapped = accelerator.prepare(trainable)
-    optimizer = accelerator.prepare(torch.optim.AdamW(
-        _param_groups(wrapped, config.weight_decay), lr=config.lr, betas=config.betas))
+    return model, tokenizer, base_hash, base_params, cost
 
-    order = batch_order(len(data), batch_size=config.batch_size, steps=config.steps, seed=config.data_seed)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    depths_measured = [None, *heldout_depths(loop, config)] if loop is not None else [None]
-    batches_hash = hashlib.sha256()
-    input_tokens = loss_tokens = 0
-    forward_flops = teacher_flops = 0.0
-    step_blocks, step_seconds, stopped_by, teacher_blocks = [], [], None, 0.0
 
-    def plan(step: int):
-        depth = recipe.depth(step) if loop is not None else None
-        return depth, cost.step(data.lengths[order[step].numpy()], recipe.plan(step, depth))
-
-    depth, step_cost = plan(0)
-    draws, curve, terms_curve, heldout_curve, checkpoints = [], [], {}, [], []
-    window, terms_window = [], {}
-    bar = tqdm(total=config.steps, desc=f"{recipe.name} {role}", unit="step", position=bar_position,
-               disable=not (progress and accelerator.is_main_process))
-    started = time.perf_counter()
-    eval_time = 0.0
-    for step in range(config.steps):
-        step_started = time.perf_counter()
-        rows = order[step].tolist()
-        update_batch_hash(batches_hash, data, rows)
-        n_targets = int(data.targets[rows].sum())
-        input_tokens += int(data.lengths[rows].sum())
-        loss_tokens += n_targets
-        draws.append(depth)
-        forward_flops += step_cost.flops
-        teacher_flops += step_cost.teacher_flops
-        step_blocks.append(step_cost.blocks + step_cost.teacher_blocks)
-        teacher_blocks += step_cost.teacher_blocks
-
-        mine = rows[rank::world]
-        size = config.micro_batch_size or len(mine)
-        chunks = [mine[i:i + size] for i in range(0, len(mine), size)]
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr_at(step)
-        step_loss = torch.zeros((), device=accelerator.device)
-        step_terms = {}
-        with loop_passes(core, depth) if depth is not None else nullcontext():
-            for k, chunk in enumerate(chunks):
-                # gradients are all-reduced (averaged over processes) only after the last chunk
-                with accelerator.no_sync(wrapped) if k < len(chunks) - 1 else nullcontext():
-                    loss, terms = recipe.losses(wrapped, collate(data, chunk, pad_id, accelerator.device))
-                    accelerator.backward(loss * (world / n_targets))
-                step_loss += loss.detach()
-                for name, value in terms.items():
-                    step_terms[name] = step_terms.get(name, 0.0) + value.detach()
-        if config.grad_clip > 0:
-            accelerator.clip_grad_norm_(wrapped.parameters(), config.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if accelerator.device.type == "cuda":
-            torch.cuda.synchronize()
-        step_seconds.append(time.perf_counter() - step_started)
-        if step + 1 < config.steps:
-            next_plan = plan(step + 1)  # the recipe plans its steps once each, in order
-            following = next_plan[1].blocks + next_plan[1].teacher_blocks
-            stopped_by = _budget_stop(config, sum(step_blocks) + following, sum(step_seconds), accelerator)
-
-        recipe.end_step(step, lambda t: accelerator.reduce(t, "sum") / n_targets)
-        window.append(accelerator.reduce(step_loss, "sum") / n_targets)
-        for name, value in step_terms.items():
-            terms_window.setdefault(name, []).append(accelerator.reduce(value, "sum") / n_targets)
-        last = step + 1 == config.steps or stopped_by is not None
-        if (step + 1) % config.log_every == 0 or last:
-            curve.append([step + 1, torch.stack(window).mean().item()])
-            for name, values in terms_window.items():
-                terms_curve.setdefault(name, []).append([step + 1, torch.stack(values).mean().item()])
-            window, terms_window = [], {}
-            bar.set_postfix(loss=f"{curve[-1][1]:.4f}", **{name: f"{values[-1][1]:.4f}"
-                                                           for name, values in terms_curve.items()}, refresh=False)
-
-        if heldout is not None and (last or (config.save_every and (step + 1) % config.save_every == 0)):
-            t0 = time.perf_counter()
-            size = config.micro_batch_size or -(-len(heldout) // world)
-            losses = _heldout_loss(wrapped, core, heldout, depths_measured, size, pad_id, accelerator)
-            point = {"step": step + 1, "tokens": input_tokens, "loss": losses[None]}
-            if len(depths_measured) > 1:
-                point["loss_by_passes"] = {str(d): losses[d] for d in depths_measured[1:]}
-            heldout_curve.append(point)
-            eval_time += time.perf_counter() - t0
-        if config.save_every and (step + 1) % config.save_every == 0 and not last:
-            t0 = time.perf_counter()
-            name = f"checkpoint-{step + 1}"
-            if accelerator.is_main_process:
-                record_written(out, name)
-                save_model(recipe.checkpoint(accelerator.unwrap_model(wrapped)), tokenizer, out / name)
-            accelerator.wait_for_everyone()
-            checkpoints.append({"step": step + 1, "tokens": input_tokens, "path": name})
-            eval_time += time.perf_counter() - t0
-        bar.update()
-        if last:
-            break
-        depth, step_cost = next_plan
-    train_time = time.perf_counter() - started - eval_time  # the last .item() waited for the device
-    bar.close()
-
-    everyone = gather_object([draws])
-    if any(d != draws for d in everyone):
-        raise RuntimeError(f"loop draws differ between processes: {everyone}")
-    trained = accelerator.unwrap_model(wrapped)
+def _final_model(core, trained, recipe: Recipe, out: Path, *, base_params: int, keep_adapters: bool,
+                 config: TrainConfig, accelerator):
+    """The model ``recipe`` makes of ``trained`` (in eval mode; ``core``, the looped model inside
+    it, without activation checkpointing), and its parameter count, which must be the base's."""
     if config.activation_checkpointing:
         core.activation_checkpointing_disable()
     out.mkdir(parents=True, exist_ok=True)
@@ -349,42 +352,127 @@ def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig
     final_params = sum(p.numel() for p in final.parameters())
     if final_params != base_params:
         raise RuntimeError(f"the trained model has {final_params} parameters, the base {base_params}")
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "recipe": config.recipe,
-        "role": role,
-        "loop": loop.to_dict() if loop is not None else None,
-        "loop_draws": recipe.draws(draws) if loop is not None else None,
-        "base": str(base),
-        "base_weights_sha256": base_hash,
-        "parameters": {"base": base_params, "final": final_params, "added": recipe.added_parameters()},
-        **recipe.record(),
-        "data": data.summary(),
-        "heldout": heldout.summary() if heldout is not None else None,
-        "config": asdict(config),
-        "batches_sha256": batches_hash.hexdigest(),
-        "tokens": {"input": input_tokens, "loss": loss_tokens},
-        "flops": {"forward": forward_flops, "teacher_forward": teacher_flops,
-                  "train": TRAIN_FLOPS_PER_FORWARD * forward_flops + teacher_flops, "multiplier": cost.multiplier},
-        "blocks": {"total": sum(step_blocks), "teacher": teacher_blocks, "per_step": step_blocks},
-        "step_seconds": step_seconds,
-        "budget": {"steps_run": len(step_blocks), "stopped_by": stopped_by},
-        "loss_curve": curve,
-        **({"loss_terms": terms_curve} if terms_curve else {}),
-        "heldout_curve": heldout_curve,
-        "checkpoints": checkpoints,
-        "adapters": ADAPTER_FOLDER if keep_adapters and config.recipe == "convert" else None,
-        "final_weights_sha256": weights_sha256(final),
-        "train_time_s": train_time,
-        "runtime": {"device": accelerator.device.type, "processes": world, "mixed_precision": str(accelerator.mixed_precision)},
-        "versions": _versions(),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    manifest = json.loads(json.dumps(manifest))  # what read_manifest will return: lists, not tuples
+    return final, final_params
+
+
+def train_one(base, data: TrainData, heldout: TrainData | None, loop: LoopConfig | None, out: Path, config: TrainConfig,
+              recipe: Recipe, *, accelerator=None, progress: bool = True, keep_adapters: bool = False,
+              bar_position: int = 0) -> TrainResult:
+    """Train one model (looped iff ``loop``) by ``recipe`` and save it to ``out``;
+    everything has been checked by the caller. ``bar_position``: the progress bar's line."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    accelerator = accelerator or Accelerator()
+    world = accelerator.num_processes
+    if config.batch_size % world:
+        raise ValueError(f"batch_size {config.batch_size} is not a multiple of the {world} processes")
+    role = LOOPED if loop is not None else TWIN
+
+    core, tokenizer, base_hash, base_params, cost = _load_base(base, loop, config)
+    trainable = recipe.prepare(core)
+    set_seed(config.seed, device_specific=True)
+    wrapped = accelerator.prepare(trainable)
+    optimizer = accelerator.prepare(torch.optim.AdamW(
+        _param_groups(wrapped, config.weight_decay), lr=config.lr, betas=config.betas))
+
+    order = batch_order(len(data), batch_size=config.batch_size, steps=config.steps, seed=config.data_seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    depths_measured = [None, *heldout_depths(loop, config)] if loop is not None else [None]
+    tally = _Tally()
+
+    def plan(step: int):
+        depth = recipe.depth(step) if loop is not None else None
+        return depth, cost.step(data.lengths[order[step].numpy()], recipe.plan(step, depth))
+
+    depth, step_cost = plan(0)
+    bar = tqdm(total=config.steps, desc=f"{recipe.name} {role}", unit="step", position=bar_position,
+               disable=not (progress and accelerator.is_main_process))
+    started = time.perf_counter()
+    eval_time = 0.0
+    for step in range(config.steps):
+        step_started = time.perf_counter()
+        rows = order[step].tolist()
+        n_targets = tally.count(data, rows, depth, step_cost)
+        step_loss, step_terms = _train_step(wrapped, core, recipe, optimizer, rows, data, step=step, depth=depth,
+                                            n_targets=n_targets, pad_id=pad_id, config=config, accelerator=accelerator)
+        tally.step_seconds.append(time.perf_counter() - step_started)
+        if step + 1 < config.steps:
+            next_plan = plan(step + 1)  # the recipe plans its steps once each, in order
+            following = next_plan[1].blocks + next_plan[1].teacher_blocks
+            tally.stopped_by = _budget_stop(config, sum(tally.step_blocks) + following, sum(tally.step_seconds),
+                                            accelerator)
+
+        recipe.end_step(step, lambda t: accelerator.reduce(t, "sum") / n_targets)
+        step_loss = accelerator.reduce(step_loss, "sum") / n_targets
+        tally.add_loss(step_loss, {name: accelerator.reduce(value, "sum") / n_targets
+                                   for name, value in step_terms.items()})
+        last = step + 1 == config.steps or tally.stopped_by is not None
+        if (step + 1) % config.log_every == 0 or last:
+            bar.set_postfix(**tally.log(step + 1), refresh=False)
+        eval_time += _heldout_and_checkpoint(step, last, tally, wrapped=wrapped, core=core, recipe=recipe,
+                                             tokenizer=tokenizer, heldout=heldout, depths=depths_measured,
+                                             pad_id=pad_id, out=out, config=config, accelerator=accelerator)
+        bar.update()
+        if last:
+            break
+        depth, step_cost = next_plan
+    train_time = time.perf_counter() - started - eval_time  # the last .item() waited for the device
+    bar.close()
+
+    tally.check_draws()
+    final, final_params = _final_model(core, accelerator.unwrap_model(wrapped), recipe, out, base_params=base_params,
+                                       keep_adapters=keep_adapters, config=config, accelerator=accelerator)
+    manifest = _manifest(tally, base=base, role=role, loop=loop, config=config, recipe=recipe, data=data,
+                         heldout=heldout, cost=cost, final=final,
+                         parameters={"base": base_params, "final": final_params, "added": recipe.added_parameters()},
+                         base_hash=base_hash, keep_adapters=keep_adapters, train_time=train_time,
+                         accelerator=accelerator)
     if accelerator.is_main_process:
         save_model(final, tokenizer, out)
         (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     accelerator.wait_for_everyone()
     accelerator.free_memory()  # drop the accelerator's references, so twins never share memory
     return TrainResult(out, manifest)
+
+
+def _manifest(tally: _Tally, *, base, role: str, loop: LoopConfig | None, config: TrainConfig, recipe: Recipe,
+              data: TrainData, heldout: TrainData | None, cost: _Cost, final, parameters: dict, base_hash: str,
+              keep_adapters: bool, train_time: float, accelerator) -> dict:
+    """The training manifest (:mod:`loopeval.training.manifest`), as ``read_manifest`` will return it."""
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "recipe": config.recipe,
+        "role": role,
+        "loop": loop.to_dict() if loop is not None else None,
+        "loop_draws": recipe.draws(tally.draws) if loop is not None else None,
+        "base": str(base),
+        "base_weights_sha256": base_hash,
+        "parameters": parameters,
+        **recipe.record(),
+        "data": data.summary(),
+        "heldout": heldout.summary() if heldout is not None else None,
+        "config": asdict(config),
+        "batches_sha256": tally.batches.hexdigest(),
+        "tokens": {"input": tally.input_tokens, "loss": tally.loss_tokens},
+        "flops": {"forward": tally.forward_flops, "teacher_forward": tally.teacher_flops,
+                  "train": TRAIN_FLOPS_PER_FORWARD * tally.forward_flops + tally.teacher_flops,
+                  "multiplier": cost.multiplier},
+        "blocks": {"total": sum(tally.step_blocks), "teacher": tally.teacher_blocks, "per_step": tally.step_blocks},
+        "step_seconds": tally.step_seconds,
+        "budget": {"steps_run": len(tally.step_blocks), "stopped_by": tally.stopped_by},
+        "loss_curve": tally.curve,
+        **({"loss_terms": tally.terms_curve} if tally.terms_curve else {}),
+        "heldout_curve": tally.heldout_curve,
+        "checkpoints": tally.checkpoints,
+        "adapters": ADAPTER_FOLDER if keep_adapters and config.recipe == "convert" else None,
+        "final_weights_sha256": weights_sha256(final),
+        "train_time_s": train_time,
+        "runtime": {"device": accelerator.device.type, "processes": accelerator.num_processes,
+                    "mixed_precision": str(accelerator.mixed_precision)},
+        "versions": _versions(),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    return json.loads(json.dumps(manifest))  # what read_manifest will return: lists, not tuples
 

@@ -466,7 +466,8 @@ def test_best_loop_is_handed_over_whole(text, tmp_path):
     """The best candidate's loop_config.json and printed lm_eval / serve-cost arguments give
     back exactly the loop that was scored (operator and beta included), and a spec given
     alone gets the operator place searches with."""
-    from loopeval.core.loop import LoopConfig, read_loop_config, resolve_loop
+    from loopeval.core.loop import resolve_loop
+    from loopeval.core.spec import LoopConfig, read_loop_config
     from loopeval.tools.placement.report import handoff
 
     model, tok = model_of(), word_tokenizer()

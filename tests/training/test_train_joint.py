@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from loopeval import loop_config
-from loopeval.core.loop import apply_loop, loop_disabled
+from loopeval.core.loop import apply_loop
+from loopeval.core.loop_controls import loop_disabled
 from loopeval.training.manifest import twin_mismatches
 from loopeval.analysis.report.training import costs
 from loopeval.tools.tiny import tiny_model

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from loopeval import apply_loop, check_cache, load_model, loop_config, save_model
 from loopeval.core.exit_gate import EXIT_GATE_NAME, ExitGate, exit_gate, exit_log_distribution, exit_loss_sums
 from loopeval.training.exit_monitor import CollapseMonitor, collapse_episodes, collapse_notes
-from loopeval.core.loop import loop_passes, record_iterates
+from loopeval.core.loop_controls import loop_passes, record_iterates
 from loopeval.core.spec import LoopConfig
 from loopeval.training.manifest import twin_mismatches
 from loopeval.tools.tiny import tiny_model

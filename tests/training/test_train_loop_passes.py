@@ -4,7 +4,8 @@ unrolled copies (the loop at K passes is the unrolled schedule of ``S:ExK``)."""
 import pytest
 import torch
 
-from loopeval.core.loop import apply_loop, loop_disabled, loop_passes
+from loopeval.core.loop import apply_loop
+from loopeval.core.loop_controls import loop_disabled, loop_passes
 from loopeval.tools.tiny import tiny_model
 from loopeval.core.unroll import unrolled_copy
 

@@ -36,27 +36,13 @@ RunSource = str | Path | Run | RunSpec
 
 
 def build_report(
-    twin: list[RunSource],
-    looped: list[RunSource],
-    *,
-    larger: RunSource | None = None,
-    sizes: tuple[float, float] | None = None,
-    default_scale: float = 1.0,
-    cost: str = "passes",
-    selection: str = "fixed",
-    alpha: float = DEFAULTS.alpha,
-    margin: float | None = None,
-    margins: dict[str, float] | None = None,
-    training_pairs: list[tuple[str | Path, str | Path]] = (),
-    serve_cost: list[str | Path] = (),
-    wall_clock: bool = False,
-    title: str | None = None,
-    strict: bool = False,
-    n_resamples: int = DEFAULTS.n_resamples,
-    seed: int = 0,
-    intended_differences: tuple[str, ...] = (),
-    allow_subset: bool = False,
-    unfinished_fallback: str = "credit",
+    twin: list[RunSource], looped: list[RunSource], *, larger: RunSource | None = None,
+    sizes: tuple[float, float] | None = None, default_scale: float = 1.0, cost: str = "passes",
+    selection: str = "fixed", alpha: float = DEFAULTS.alpha, margin: float | None = None,
+    margins: dict[str, float] | None = None, training_pairs: list[tuple[str | Path, str | Path]] = (),
+    serve_cost: list[str | Path] = (), wall_clock: bool = False, title: str | None = None, strict: bool = False,
+    n_resamples: int = DEFAULTS.n_resamples, seed: int = 0, intended_differences: tuple[str, ...] = (),
+    allow_subset: bool = False, unfinished_fallback: str = "credit",
 ) -> ReportData:
     """Compute the two-test report from lm-eval output folders (or loaded runs).
 
@@ -101,10 +87,8 @@ def build_report(
     check_amounts(pair_runs({"reference": reference}), margin, margins, "--margin")
     margin = DEFAULTS.margin if margin is None else margin
     first_looped = next(e for e in evals if e.looped)
-    scale = None
-    if wall_clock:
-        scale = serving.wall_clock_scale(served, loop=first_looped.header.loop["loop"],
-                                         multiplier=first_looped.header.multiplier, cost=cost, larger=extra is not None)
+    scale = serving.wall_clock_scale(served, loop=first_looped.header.loop["loop"], multiplier=first_looped.header.multiplier,
+                                     cost=cost, larger=extra is not None) if wall_clock else None
     first_kind = next(iter(kinds.values()))
     figure = figures.cost_series(groups, extra, reference.cost(first_kind, mode=cost), cost=cost,
                                  n_resamples=min(n_resamples, 2000), seed=seed, tasks=first_kind)
@@ -112,54 +96,58 @@ def build_report(
         groups, extra, default_scale=default_scale, base_costs=_costs(reference, kind_tasks, cost), cost=cost,
         selection=selection, alpha=alpha, margin=margin, margins=margins, n_resamples=n_resamples, seed=seed,
         tasks=kind_tasks, kind=name if len(kinds) > 1 else None)]
-    ceiling = None
-    if extra is not None:
-        plain = next((c for c in conditions if c.condition == extra.condition and c.param.macro.unit.fraction), None)
-        twin_eval = next(e for e in evals if not e.looped and e.condition == extra.condition)
-        if plain is not None and (sizes is not None or extra.header.cost.get("layer_params")):
-            ceiling = tables.ceiling(plain, twin_eval, extra, first_looped.header.multiplier, sizes)
+    ceiling = _ceiling(conditions, evals, extra, first_looped.header.multiplier, sizes)
     data = ReportData(
         title=title or f"Does the loop {first_looped.header.loop['loop']} pay for its compute?",
         created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        loop=first_looped.header.loop["loop"],
-        multiplier=first_looped.header.multiplier,
-        cost_mode=cost,
-        selection=selection,
-        tasks=tasks,
-        kinds={name: list(ts) for name, ts in kinds.items()},
-        units={t: reference.tasks[t].unit for t in tasks},
-        conditions=conditions,
+        loop=first_looped.header.loop["loop"], multiplier=first_looped.header.multiplier, cost_mode=cost,
+        selection=selection, tasks=tasks, kinds={name: list(ts) for name, ts in kinds.items()},
+        units={t: reference.tasks[t].unit for t in tasks}, conditions=conditions,
         decoding=tables.decoding_rows(groups, tasks, default_scale=default_scale, base_costs=base_costs, kinds=kinds),
-        figure=figure if scale is None else serving.on_wall_clock(figure, scale),
-        wall_clock=scale,
+        figure=figure if scale is None else serving.on_wall_clock(figure, scale), wall_clock=scale,
         checks=checks.fairness_checks(evals, groups, intended_differences, allow_subset=allow_subset),
-        pilot=pilot_label([e.run for e in evals]),
-        unfinished_fallback=unfinished_fallback,
-        fallbacks=_fallbacks(evals),
-        runs=[
-            {"name": e.where.name, "model": e.run.label, "path": str(e.where), "setting": evaluations.label(*e.key),
-             "seed": e.seed, "macros": {k: e.run.accuracy(ts) for k, ts in kinds.items()},
-             "cost": e.run.cost(mode=cost) / base_costs[cost]}
-            for e in sorted(evals, key=lambda e: (*e.key, e.seed or 0))
-        ],
-        ceiling=ceiling,
-        training=training.section(trained),
-        training_costs=training.costs(trained, evals),
-        serving=served,
+        pilot=pilot_label([e.run for e in evals]), unfinished_fallback=unfinished_fallback,
+        fallbacks=_fallbacks(evals), runs=_runs(evals, kinds, cost, base_costs), ceiling=ceiling,
+        training=training.section(trained), training_costs=training.costs(trained, evals), serving=served,
         strict=strict,
         notes=[f"{c.label}, {row.task or 'macro'}: {w}" for c in conditions
                for row in (*c.param.tasks.values(), c.param.macro) for w in row.warnings]
         + training.undecontaminated(evals) + training.loop_conversion(evals),
     )
-    if data.failed_checks:
-        message = "; ".join(f"{c.name}: {c.detail}" for c in data.failed_checks)
-        if strict:
-            raise ValueError(f"fairness check failed: {message}")
-        failed = [c.name for c in data.failed_checks if c.withholds]
-        warnings.warn(f"fairness check failed{' (the verdict is withheld)' if failed else ''}: {message}",
-                      stacklevel=2)
-        data = replace(data, conditions=[replace(c, verdict=withhold(c.verdict, failed)) for c in data.conditions])
-    return data
+    return _apply_checks(data, strict)
+
+
+def _runs(evals, kinds: dict, cost: str, base_costs: dict[str, float]) -> list[dict]:
+    """The report's list of evaluations: name, model, setting, seed, macros and relative cost."""
+    return [{"name": e.where.name, "model": e.run.label, "path": str(e.where), "setting": evaluations.label(*e.key),
+             "seed": e.seed, "macros": {k: e.run.accuracy(ts) for k, ts in kinds.items()},
+             "cost": e.run.cost(mode=cost) / base_costs[cost]}
+            for e in sorted(evals, key=lambda e: (*e.key, e.seed or 0))]
+
+
+def _ceiling(conditions, evals, extra, multiplier: float, sizes):
+    """Eq. 4's ceiling (Table 5), where a larger model and the parameter counts are known; else ``None``."""
+    if extra is None:
+        return None
+    plain = next((c for c in conditions if c.condition == extra.condition and c.param.macro.unit.fraction), None)
+    twin_eval = next(e for e in evals if not e.looped and e.condition == extra.condition)
+    if plain is not None and (sizes is not None or extra.header.cost.get("layer_params")):
+        return tables.ceiling(plain, twin_eval, extra, multiplier, sizes)
+    return None
+
+
+def _apply_checks(data: ReportData, strict: bool) -> ReportData:
+    """``data`` with every verdict a failed fairness check withholds withheld, and a warning
+    naming the checks; with ``strict``, ``ValueError``."""
+    if not data.failed_checks:
+        return data
+    message = "; ".join(f"{c.name}: {c.detail}" for c in data.failed_checks)
+    if strict:
+        raise ValueError(f"fairness check failed: {message}")
+    failed = [c.name for c in data.failed_checks if c.withholds]
+    warnings.warn(f"fairness check failed{' (the verdict is withheld)' if failed else ''}: {message}",
+                  stacklevel=3)  # the caller of build_report
+    return replace(data, conditions=[replace(c, verdict=withhold(c.verdict, failed)) for c in data.conditions])
 
 
 def _costs(reference: Run, tasks, cost: str) -> dict[str, float]:

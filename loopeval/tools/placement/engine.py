@@ -5,7 +5,7 @@ and its first pass over layers s..e-1 *is* the unlooped model's, so its output i
 unlooped hidden state at e. ``PrefixEngine`` therefore runs the unlooped layers once
 per text batch and window end ``e`` (keeping the states at every start ``e - w`` and at
 ``e``), computes each window's remaining passes for all (K, beta) at once with
-``loopeval.core.loop.window_outputs`` (shared iterates), and runs the outputs through the
+``loopeval.core.operators.window_outputs`` (shared iterates), and runs the outputs through the
 remaining layers ``e..N-1`` stacked into batches of up to ``batch_tokens`` tokens.
 Candidates that are not a single whole-layer window (an added MLP loop) run through
 ``apply_loop``'s hooks from their start. ``NaiveEngine`` runs every candidate as a full
@@ -22,7 +22,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from loopeval.core.loop import RUN_KIND, apply_loop, decoder_layers, remove_loop, window_outputs
+from loopeval.core.blocks import RUN_KIND
+from loopeval.core.loop import apply_loop, decoder_layers, remove_loop
+from loopeval.core.operators import window_outputs
 from loopeval.tools.placement.grid import Candidate
 
 _BLOCKS = ("mlp", "self_attn", "linear_attn")

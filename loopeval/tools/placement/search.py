@@ -30,7 +30,9 @@ from loopeval.common.allocator import keep_freed_memory
 from loopeval.common.outputs import aside
 from loopeval.common.threads import configure_threads
 from loopeval.core.cost import loop_cost
-from loopeval.core.loop import LoopSpec, check_sub_layer_support, count_layers, decoder_layers, loop_config, resolve_loop
+from loopeval.core.blocks import check_sub_layer_support
+from loopeval.core.loop import count_layers, decoder_layers, loop_config, resolve_loop
+from loopeval.core.spec import LoopSpec
 from loopeval.tools.placement.calibration import (TEMPERATURE_BOUNDS, TOLERANCE, FitChunk, Reference, TestSums,
                                                   fit_temperature, slope_and_curvature)
 from loopeval.tools.placement.engine import NaiveEngine, PassMeter, PrefixEngine
@@ -189,6 +191,73 @@ class _Scorer:
         return fit_temperature(lambda b: slope_and_curvature(self.kept_logits(kept, targets), b), start=start)
 
 
+def _check_options(*, rank_by: str, mlp_loop, results, dtype, batch_tokens: int, seq_len: int) -> None:
+    if rank_by not in RANK_BY:
+        raise ValueError(f"rank_by {rank_by!r}: choose one of {', '.join(RANK_BY)}")
+    if isinstance(mlp_loop, bool) or not isinstance(mlp_loop, int) or mlp_loop < 0:
+        raise ValueError(f"mlp_loop {mlp_loop!r}: the number of top windows to try with an MLP loop, >= 0")
+    if results is not None and not Path(results).is_file():
+        raise FileNotFoundError(f"results {results}: no such file")
+    if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+        raise ValueError(f"dtype {dtype!r}: expected a torch dtype name such as float32 or bfloat16")
+    if batch_tokens < seq_len:
+        raise ValueError(f"batch_tokens {batch_tokens}: must hold at least one row of seq_len {seq_len} tokens")
+
+
+def _unlooped_source(model, tokenizer) -> tuple[int, str, object]:
+    """The layer count, name and weights fingerprint of ``model`` (a model or a checkpoint), which
+    must have no loop; a model object needs its ``tokenizer``. Reads no weights of a checkpoint."""
+    if isinstance(model, nn.Module):
+        if tokenizer is None:
+            raise ValueError("place: give the tokenizer with a model object")
+        if loop_config(model) is not None:
+            raise ValueError(f"place searches loops for an unlooped model; this one has {loop_config(model).spec}")
+        from loopeval.core.checkpoint import weights_fingerprint
+
+        return count_layers(model), type(model).__name__, weights_fingerprint(model)
+    stored = resolve_loop(model)
+    if stored is not None:
+        raise ValueError(f"{model} already has the loop {stored.spec}; place searches loops for the base checkpoint")
+    num_layers = count_layers(model)
+    model_name = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
+    from loopeval.evaluation.identity import loaded_fingerprint
+
+    return num_layers, model_name, loaded_fingerprint({"pretrained": model})["pretrained"]
+
+
+def _score_grid(search: _Search, meter, grid, done: dict, *, num_layers: int, text_rows: int, round_size: int,
+                reuse: bool, mlp_loop: int, rank_by: str, progress: bool) -> None:
+    """Score the unlooped model, then the ``grid``'s candidates not ``done`` in rounds (saying
+    how long it should take), then the best ``mlp_loop`` windows with an MLP loop added."""
+    started = time.perf_counter()
+    search.unlooped(Candidate())
+    pending = [c for c in grid if c.key not in done]
+    search.bar_add(len(pending))
+    work = rounds(pending, round_size)
+    left = (planned_passes(pending, num_layers, reuse=reuse, text_rows=text_rows, max_candidates=round_size)
+            - meter.rows / text_rows)
+    if progress and work:
+        rate = meter.rows / text_rows / (time.perf_counter() - started)
+        search.say(f"{len(pending)} candidates, {left:.0f} layer passes per text position planned; at the "
+                   f"unlooped model's speed ({rate:.2f} passes/s) about {_duration(left / rate)}")
+    for i, group in enumerate(work):
+        started, before = time.perf_counter(), meter.rows
+        search.round(group)
+        if progress and i == 0 and len(work) > 1:
+            spent, passes = time.perf_counter() - started, (meter.rows - before) / text_rows
+            search.say(f"first round: {len(group)} candidates in {spent:.1f} s ({spent / len(group):.2f} s "
+                       f"each, {passes / spent:.2f} passes/s with scoring); about "
+                       f"{_duration((left - passes) / (passes / spent))} for the other "
+                       f"{len(pending) - len(group)}")
+    if mlp_loop:
+        grid_keys = {c.key for c in grid}
+        best = [r for r in ranked(list(search.rows.values()), rank_by) if r.key in grid_keys][:mlp_loop]
+        extra = [c for c in mlp_loop_candidates([_candidate(r) for r in best]) if c.key not in done]
+        search.bar_add(len(extra))
+        for group in rounds(extra, round_size):
+            search.round(group)
+
+
 def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFAULT_TIMES, betas=DEFAULT_BETAS,
           operator: str = DEFAULT_OPERATOR, starts=None, mlp_loop: int = 0, max_tokens: int | None = None,
           seq_len: int = 1024, val_fraction: float = 0.5, batch_tokens: int = 8192, rank_by: str = "ppl_t",
@@ -212,34 +281,9 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
     searches again (``rerun=False``: refused).
     """
     start_time = time.perf_counter()
-    if rank_by not in RANK_BY:
-        raise ValueError(f"rank_by {rank_by!r}: choose one of {', '.join(RANK_BY)}")
-    if isinstance(mlp_loop, bool) or not isinstance(mlp_loop, int) or mlp_loop < 0:
-        raise ValueError(f"mlp_loop {mlp_loop!r}: the number of top windows to try with an MLP loop, >= 0")
-    if results is not None and not Path(results).is_file():
-        raise FileNotFoundError(f"results {results}: no such file")
-    if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
-        raise ValueError(f"dtype {dtype!r}: expected a torch dtype name such as float32 or bfloat16")
-    if batch_tokens < seq_len:
-        raise ValueError(f"batch_tokens {batch_tokens}: must hold at least one row of seq_len {seq_len} tokens")
-    if isinstance(model, nn.Module):
-        if tokenizer is None:
-            raise ValueError("place: give the tokenizer with a model object")
-        if loop_config(model) is not None:
-            raise ValueError(f"place searches loops for an unlooped model; this one has {loop_config(model).spec}")
-        num_layers, model_name = count_layers(model), type(model).__name__
-        from loopeval.core.checkpoint import weights_fingerprint
-
-        weights = weights_fingerprint(model)
-    else:
-        stored = resolve_loop(model)
-        if stored is not None:
-            raise ValueError(f"{model} already has the loop {stored.spec}; place searches loops for the base checkpoint")
-        num_layers = count_layers(model)
-        model_name = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
-        from loopeval.evaluation.identity import loaded_fingerprint
-
-        weights = loaded_fingerprint({"pretrained": model})["pretrained"]
+    _check_options(rank_by=rank_by, mlp_loop=mlp_loop, results=results, dtype=dtype, batch_tokens=batch_tokens,
+                   seq_len=seq_len)
+    num_layers, model_name, weights = _unlooped_source(model, tokenizer)
     grid = build_grid(num_layers, widths=widths, times=times, betas=betas, operator=operator, starts=starts)
     if tokenizer is None:
         from transformers import AutoTokenizer
@@ -277,42 +321,24 @@ def place(model, data, *, out, tokenizer=None, widths=DEFAULT_WIDTHS, times=DEFA
         was_training = model.training
         model.eval()
         try:
-            started = time.perf_counter()
-            search.unlooped(Candidate())
-            pending = [c for c in grid if c.key not in done]
-            search.bar_add(len(pending))
-            work = rounds(pending, round_size)
-            text_rows = text.val.rows + text.test.rows
-            left = (planned_passes(pending, num_layers, reuse=reuse, text_rows=text_rows, max_candidates=round_size)
-                    - meter.rows / text_rows)
-            if progress and work:
-                rate = meter.rows / text_rows / (time.perf_counter() - started)
-                search.say(f"{len(pending)} candidates, {left:.0f} layer passes per text position planned; at the "
-                           f"unlooped model's speed ({rate:.2f} passes/s) about {_duration(left / rate)}")
-            for i, group in enumerate(work):
-                started, before = time.perf_counter(), meter.rows
-                search.round(group)
-                if progress and i == 0 and len(work) > 1:
-                    spent, passes = time.perf_counter() - started, (meter.rows - before) / text_rows
-                    search.say(f"first round: {len(group)} candidates in {spent:.1f} s ({spent / len(group):.2f} s "
-                               f"each, {passes / spent:.2f} passes/s with scoring); about "
-                               f"{_duration((left - passes) / (passes / spent))} for the other "
-                               f"{len(pending) - len(group)}")
-            if mlp_loop:
-                grid_keys = {c.key for c in grid}
-                best = [r for r in ranked(list(search.rows.values()), rank_by) if r.key in grid_keys][:mlp_loop]
-                extra = [c for c in mlp_loop_candidates([_candidate(r) for r in best]) if c.key not in done]
-                search.bar_add(len(extra))
-                for group in rounds(extra, round_size):
-                    search.round(group)
+            _score_grid(search, meter, grid, done, num_layers=num_layers, text_rows=text.val.rows + text.test.rows,
+                        round_size=round_size, reuse=reuse, mlp_loop=mlp_loop, rank_by=rank_by, progress=progress)
         finally:
             model.train(was_training)
             search.close()
+    return _write_result(out, search, text, layer_passes=meter.rows / (text.val.rows + text.test.rows),
+                         seq_len=seq_len, rank_by=rank_by, results=results, start_time=start_time)
+
+
+def _write_result(out: Path, search: _Search, text, *, layer_passes: float, seq_len: int, rank_by: str, results,
+                  start_time: float) -> PlacementResult:
+    """The search's result, from ``out/placements.jsonl``; written as ``placement.html`` and the
+    best loop as ``loop_config.json``."""
     rows = read_placements(out / PLACEMENTS_NAME)
     text_rows = text.val.rows + text.test.rows
     correlations = tuple(correlate(rows, read_accuracies(results, rows))) if results is not None else ()
     result = PlacementResult(
-        rows=tuple(rows), rank_by=rank_by, out=out, scored=search.scored, layer_passes=meter.rows / text_rows,
+        rows=tuple(rows), rank_by=rank_by, out=out, scored=search.scored, layer_passes=layer_passes,
         fit_evaluations=search.fit_evaluations, wall_s=time.perf_counter() - start_time,
         text={"val_tokens": text.val.tokens, "test_tokens": text.test.tokens, "val_documents": text.val.documents,
               "test_documents": text.test.documents, "rows": text_rows, "seq_len": seq_len},

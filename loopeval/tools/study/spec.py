@@ -121,13 +121,10 @@ _BLOCKS = {"statistics": STATISTICS_KEYS, "lm_eval": LM_EVAL_KEYS, "report": REP
 """The study's blocks and their keys: a block's key given at the top level is named with its block."""
 
 
-def load_study(path: str | Path) -> Study:
-    """Read and validate a study file. Raises ``ValueError`` naming the file and key for an
-    unknown key, a missing value, a duplicate name, a looped model without a twin, or a
-    value of the wrong type. Paths are resolved against the file's folder."""
+def _read_study(path: Path) -> tuple[_Where, dict]:
+    """The study file's top-level mapping, its keys known and ``models``, ``tasks`` and ``output`` given."""
     import yaml
 
-    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such study file")
     try:
@@ -149,16 +146,16 @@ def load_study(path: str | Path) -> Study:
     for key in ("models", "tasks", "output"):
         if key not in raw:
             raise w.error(key, "missing")
-    here = path.parent
+    return w, raw
 
-    def local(value: str) -> str:
-        candidate = here / value
-        return str(candidate.resolve()) if candidate.exists() else value
 
+def _models(w: _Where, value, local) -> list[ModelSpec]:
+    """The ``models`` list: each entry's keys and role checked, names unique and usable as
+    folder names, every looped model paired with a twin. ``local`` resolves a path against the file's folder."""
     models = []
-    if not isinstance(raw["models"], list) or not raw["models"]:
+    if not isinstance(value, list) or not value:
         raise w.error("models", "expected a non-empty list of models")
-    for i, m in enumerate(raw["models"]):
+    for i, m in enumerate(value):
         key = f"models[{i}]"
         m = w.mapping(m, key, MODEL_KEYS)
         for need in ("name", "role"):
@@ -185,30 +182,12 @@ def load_study(path: str | Path) -> Study:
     for i, m in enumerate(models):
         _check_folder_name(w, f"models[{i}].name", m.name)
     _check_pairs(w, models)
+    return models
 
-    tasks = raw["tasks"]
-    tasks = [tasks] if isinstance(tasks, str) else tasks
-    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
-        raise w.error("tasks", "expected a task or group name, or a list of them")
-    include = raw.get("include_path") or []
-    include = [include] if isinstance(include, str) else include
-    include = [local(str(p)) for p in include]
-    for i, folder in enumerate(include):
-        if not Path(folder).is_dir():
-            raise w.error(f"include_path[{i}]", f"{folder}: no such folder (relative paths are read from {here})")
 
-    statistics = dict(w.mapping(raw.get("statistics") or {}, "statistics", STATISTICS_KEYS))
-    default_scale = w.typed("statistics.default_scale", as_float, statistics.get("default_scale", 1.0), positive=True)
-    budgets = raw.get("budgets", [default_scale])
-    budgets = [budgets] if not isinstance(budgets, list) else budgets
-    budgets = [w.typed(f"budgets[{i}]", as_float, b, positive=True) for i, b in enumerate(budgets)]
-    if default_scale not in budgets:
-        raise w.error("budgets", f"must include the default budget scale {default_scale:g} (statistics.default_scale)")
-    _check_names(w, "budgets", [f"{b:g}" for b in budgets])
-
-    decoding = _decoding(w, raw.get("decoding") or [{"name": "plain"}])
-    for i, d in enumerate(decoding):
-        _check_folder_name(w, f"decoding[{i}].name", d.name)
+def _lm_eval(w: _Where, raw: dict) -> tuple[dict, bool]:
+    """The ``lm_eval`` block typed (no loop setting shared by both sides; ``limit`` only in a
+    pilot), and the study's ``pilot`` flag."""
     lm_eval = dict(w.mapping(raw.get("lm_eval") or {}, "lm_eval", LM_EVAL_KEYS))
     shared_loop = sorted(k for k in _model_args(w, lm_eval.get("model_args"), "lm_eval.model_args")
                          if k == "loop" or k.startswith("loop_") or k == "exit_after")
@@ -234,6 +213,47 @@ def load_study(path: str | Path) -> Study:
             raise w.error("lm_eval.limit", "a run of a subset of the items is a pilot; set pilot: true")
         limit = w.typed("lm_eval.limit", as_float, lm_eval["limit"], positive=True)
         lm_eval["limit"] = int(limit) if limit >= 1 and limit == int(limit) else limit
+    return lm_eval, pilot
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study file. Raises ``ValueError`` naming the file and key for an
+    unknown key, a missing value, a duplicate name, a looped model without a twin, or a
+    value of the wrong type. Paths are resolved against the file's folder."""
+    path = Path(path)
+    w, raw = _read_study(path)
+    here = path.parent
+
+    def local(value: str) -> str:
+        candidate = here / value
+        return str(candidate.resolve()) if candidate.exists() else value
+
+    models = _models(w, raw["models"], local)
+
+    tasks = raw["tasks"]
+    tasks = [tasks] if isinstance(tasks, str) else tasks
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
+        raise w.error("tasks", "expected a task or group name, or a list of them")
+    include = raw.get("include_path") or []
+    include = [include] if isinstance(include, str) else include
+    include = [local(str(p)) for p in include]
+    for i, folder in enumerate(include):
+        if not Path(folder).is_dir():
+            raise w.error(f"include_path[{i}]", f"{folder}: no such folder (relative paths are read from {here})")
+
+    statistics = dict(w.mapping(raw.get("statistics") or {}, "statistics", STATISTICS_KEYS))
+    default_scale = w.typed("statistics.default_scale", as_float, statistics.get("default_scale", 1.0), positive=True)
+    budgets = raw.get("budgets", [default_scale])
+    budgets = [budgets] if not isinstance(budgets, list) else budgets
+    budgets = [w.typed(f"budgets[{i}]", as_float, b, positive=True) for i, b in enumerate(budgets)]
+    if default_scale not in budgets:
+        raise w.error("budgets", f"must include the default budget scale {default_scale:g} (statistics.default_scale)")
+    _check_names(w, "budgets", [f"{b:g}" for b in budgets])
+
+    decoding = _decoding(w, raw.get("decoding") or [{"name": "plain"}])
+    for i, d in enumerate(decoding):
+        _check_folder_name(w, f"decoding[{i}].name", d.name)
+    lm_eval, pilot = _lm_eval(w, raw)
     report = dict(w.mapping(raw.get("report") or {}, "report", REPORT_KEYS))
     for flag in ("strict", "latex"):
         if flag in report:
