@@ -135,19 +135,24 @@ def _check_address(host: str, port: int) -> None:
                         "port: pick another with --port") from None
 
 
+def dtype_size(dtype) -> int | None:
+    """Bytes per element of a ``--dtype`` value (``float32``, ``half``...); ``None`` for ``auto``."""
+    import torch
+
+    found = getattr(torch, str(dtype), None)
+    return found.itemsize if isinstance(found, torch.dtype) else None
+
+
 def _cost(checkpoint, session, args):
     """The loop's cost (:func:`loopeval.core.cost.loop_cost`) at the dtype served (``--dtype``,
     else the checkpoint's)."""
-    import torch
     from transformers import AutoConfig
 
     from loopeval.core.cost import loop_cost
 
     config = AutoConfig.from_pretrained(str(checkpoint), revision=args.revision,
                                         trust_remote_code=args.trust_remote_code)
-    dtype = getattr(torch, str(args.dtype), None)
-    size = dtype.itemsize if isinstance(dtype, torch.dtype) else None
-    return loop_cost(config, session.loop.spec if session.loop else None, bytes_per_element=size)
+    return loop_cost(config, session.loop.spec if session.loop else None, bytes_per_element=dtype_size(args.dtype))
 
 
 def serve(prepared: Prepared) -> None:

@@ -131,25 +131,29 @@ def test_two_concurrent_clients_get_the_answers_of_one_at_a_time(looped_server):
 
 
 @pytest.mark.slow
-def test_lm_eval_local_completions_gives_the_looped_models_responses(workdir, looped_server):
-    """``lm_eval --model local-completions`` through the server against ``--model looped
-    ...,engine=vllm`` in process, on the same items: the same responses."""
+@pytest.mark.parametrize("api,chat", [("completions", False), ("chat/completions", True)],
+                         ids=["local-completions", "local-chat-completions"])
+def test_lm_eval_through_the_server_gives_the_looped_models_responses(workdir, looped_server, api, chat):
+    """``lm_eval --model local-completions`` (and ``local-chat-completions`` under
+    ``--apply_chat_template``, the server applying the checkpoint's template) through the server
+    against ``--model looped ...,engine=vllm`` in process, on the same items: the same responses."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     from loopeval.model_adapters.looped import LoopedLM
 
     manager = TaskManager(include_path=str(workdir / "tasks"), include_defaults=False)
-    common = dict(tasks=["tiny_gen"], task_manager=manager, log_samples=True, verbosity="ERROR", limit=4)
-    served = simple_evaluate(model="local-completions", model_args={
-        "model": looped_server.model, "base_url": f"{looped_server.url}/v1/completions",
+    common = dict(tasks=["tiny_gen"], task_manager=manager, log_samples=True, verbosity="ERROR", limit=4,
+                  apply_chat_template=chat)
+    served = simple_evaluate(model=f"local-{'chat-' if chat else ''}completions", model_args={
+        "model": looped_server.model, "base_url": f"{looped_server.url}/v1/{api}",
         "tokenizer": str(workdir / "base"), "num_concurrent": 1, "max_retries": 1, "timeout": int(REQUEST)}, **common)
     lm = LoopedLM(pretrained=str(workdir / "base"), engine="vllm", loop=LOOP[1], dtype="float32", enforce_eager=True,
                   max_model_len=1024, batch_size=1)
     try:
         local = simple_evaluate(model=lm, **common)
     finally:
-        del lm.model
+        del lm.lm.model  # free vLLM's memory before the next engine starts
         gc.collect()
     responses = [{s["doc_id"]: s["resps"] for s in run["samples"]["tiny_gen"]} for run in (served, local)]
     assert responses[0] == responses[1] and len(responses[0]) == 4
@@ -273,3 +277,23 @@ def test_smollm2_served_looped_answers_chat_with_the_in_process_engines_tokens()
             extra_body=IDS)
     assert len(r.choices[0].token_ids) > 8
     assert r.choices[0].token_ids == _in_process(model, "14:16x2", [r.prompt_token_ids], 32)[0]
+
+
+def test_serve_cost_server_refuses_before_any_server_starts(workdir, tmp_path, capsys, monkeypatch):
+    from loopeval.cli import main
+    from loopeval.engines import server
+
+    monkeypatch.setattr(server, "running_server", lambda *a, **k: pytest.fail("a server started"))
+    base = ["serve-cost", "--server", "--model", str(workdir / "base"), "--out", str(tmp_path / "out")]
+    for extra, message in ((["--batch-sizes", "1"], "--server needs --loop SPEC"),
+                           (["--loop", "1:3x2"], "--server needs explicit --batch-sizes"),
+                           (["--loop", "1:3x2", "--batch-sizes", "1", "--cache", "static"],
+                            "--server: --cache set the in-process measurement"),
+                           (["--loop", "1:3x2", "--batch-sizes", "0"], "batch sizes [0]: expected"),
+                           (["--loop", "1:9x2", "--batch-sizes", "1"], "reaches past the last layer")):
+        assert main(base + extra) == 2
+        assert message in capsys.readouterr().err, extra
+    looped = ["serve-cost", "--server", "--model", str(workdir / "looped"), "--loop", "1:3x2", "--batch-sizes", "1",
+              "--out", str(tmp_path / "out")]
+    assert main(looped) == 2
+    assert "carries its own loop (loop_config.json), so it cannot be served unlooped" in capsys.readouterr().err
