@@ -91,10 +91,11 @@ def _check(model, loop, loop_options, prompt_tokens, new_tokens, concurrencies, 
 
 
 def _loop_flags(config) -> list[str]:
-    """``loopeval serve``'s loop option flags for ``config`` (LoopConfig's options)."""
-    from loopeval.core.spec import LOOP_OPTIONS
+    """``loopeval serve``'s loop option flags for ``config``: those that differ from LoopConfig's defaults."""
+    from loopeval.core.spec import LOOP_OPTIONS, LoopConfig
 
-    return [a for name in LOOP_OPTIONS if getattr(config, name) is not None
+    default = LoopConfig(str(config.spec))
+    return [a for name in LOOP_OPTIONS if getattr(config, name) != getattr(default, name)
             for a in (f"--{name.replace('_', '-')}", str(getattr(config, name)))]
 
 
@@ -132,6 +133,7 @@ def _result(model, config, runs, sizes, dtype, seed, prompt_tokens, new_tokens, 
     from loopeval.core.cost import loop_cost
     from loopeval.engines.server import dtype_size
     from loopeval.engines.vllm_engine import engine_version
+    from loopeval.engines.vllm_serving import device_type
 
     hf = AutoConfig.from_pretrained(str(model))
     size = dtype_size(dtype)
@@ -154,7 +156,7 @@ def _result(model, config, runs, sizes, dtype, seed, prompt_tokens, new_tokens, 
         "batch_sizes_are": "client concurrencies (vllm bench serve --max-concurrency)",
         "prompts_per_level": per_level, "repeats": len(runs), "cache": "paged", "compile": False,
         "fixed_server_args": list(FIXED),
-        "device": "server", "dtype": dtype or "auto", "seed": seed, "client": "vllm.benchmarks.serve, random dataset",
+        "device": device_type(), "dtype": dtype or "auto", "seed": seed, "client": "vllm.benchmarks.serve, random dataset",
         "prefill": "median TTFT at the lowest concurrency", "latency": "median TPOT at the lowest concurrency",
         "memory": "weights + loop_cost's KV bytes per token x (prompt_tokens + new_tokens); not measured",
         "levels": [[{str(c): r[i][c] for c in sizes} for i in range(2)] for r in runs]}

@@ -155,9 +155,17 @@ def test_lm_eval_through_the_server_gives_the_looped_models_responses(workdir, l
     finally:
         del lm.lm.model  # free vLLM's memory before the next engine starts
         gc.collect()
-    responses = [{s["doc_id"]: s["resps"] for s in run["samples"]["tiny_gen"]} for run in (served, local)]
+    responses = [{s["doc_id"]: _text(s["resps"][0][0]) for s in run["samples"]["tiny_gen"]} for run in (served, local)]
     assert responses[0] == responses[1] and len(responses[0]) == 4
-    assert any(r[0][0] for r in responses[0].values())
+    assert all(responses[0].values())
+
+
+def _text(response: str) -> str:
+    """A response without U+FFFD: the tiny model's byte tokens often form no UTF-8 character; the
+    in-process adapter decodes them at once (one U+FFFD per undecodable byte), the server
+    incrementally (holding back a last incomplete character), so only those marks differ. The
+    tokens themselves are compared exactly above."""
+    return response.replace("\ufffd", "")
 
 
 @pytest.mark.slow
