@@ -47,7 +47,7 @@ def serve_cost(model, *, loop=None, prompt_tokens: int = 512, new_tokens: int = 
     before any server starts; with ``out``, writes ``out/serve_cost.json``."""
     from loopeval.engines.server import running_server
 
-    sizes = _check(model, loop, loop_options, prompt_tokens, new_tokens, concurrencies, repeats, out)
+    model, sizes = _check(model, loop, loop_options, prompt_tokens, new_tokens, concurrencies, repeats, out)
     config = _loop_with_options(loop, loop_options)
     per_level = prompts_per_level or 4 * sizes[-1]
     options = ("--dtype", dtype or "auto", "--max-model-len", str(prompt_tokens + new_tokens + 16),
@@ -66,8 +66,9 @@ def serve_cost(model, *, loop=None, prompt_tokens: int = 512, new_tokens: int = 
     return _result(model, config, runs, sizes, dtype, seed, prompt_tokens, new_tokens, per_level, out)
 
 
-def _check(model, loop, loop_options, prompt_tokens, new_tokens, concurrencies, repeats, out) -> tuple[int, ...]:
-    """Refuse, before any server starts, what the server benchmark cannot measure."""
+def _check(model, loop, loop_options, prompt_tokens, new_tokens, concurrencies, repeats, out):
+    """Refuse, before any server starts, what the server benchmark cannot measure; the one
+    checkpoint (from a list of one) and the concurrencies."""
     from loopeval.core.loop import check_source, resolve_loop
 
     _check_counts(prompt_tokens, new_tokens, repeats)
@@ -87,7 +88,7 @@ def _check(model, loop, loop_options, prompt_tokens, new_tokens, concurrencies, 
     resolve_loop(str(model), _loop_with_options(loop, loop_options))  # the spec against the model's layers
     if out is not None:
         _writable(out)
-    return sizes
+    return str(model), sizes
 
 
 def _loop_flags(config) -> list[str]:
