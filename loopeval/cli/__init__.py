@@ -41,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args, passed = parser.parse_known_args(argv)
-    if passed and not getattr(args, "passes_through", False):
+    if getattr(args, "passes_through", False):
+        args.passed = passed  # options the subcommand hands on (loopeval serve: vLLM's)
+    elif passed:
         parser.error(f"unrecognized arguments: {' '.join(passed)}")
-    args.passed = passed  # options a subcommand hands on (loopeval serve: vLLM's)
     try:
         return int(args.func(args) or 0)
     except (UserError, ValueError, OSError) as exc:
