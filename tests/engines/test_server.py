@@ -255,13 +255,13 @@ def test_a_bad_option_is_refused_by_name(workdir, capsys, no_engine):
     assert exit_.value.code == 2 and "unrecognized arguments: --loop-beta" in capsys.readouterr().err
 
 
-def test_a_server_that_dies_at_start_is_reported_with_its_log(workdir):
+def test_a_server_that_dies_at_start_is_reported_with_its_log(workdir, tmp_path):
     """:func:`running_server` waits for /health, not for a server that has exited: the error
     carries the log's tail (here vLLM's refusal of a model length past the model's positions)."""
     from loopeval.engines.server import running_server
 
     with pytest.raises(RuntimeError, match=r"exited \(\d+\) before answering /health(.|\n)*max_model_len"):
-        with running_server(workdir / "base", "--max-model-len", "10000000", timeout=START):
+        with running_server(workdir / "base", "--max-model-len", "10000000", timeout=START, log=tmp_path / "log"):
             pass
 
 
