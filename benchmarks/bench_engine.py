@@ -8,6 +8,7 @@ responses equal the HF path's.
 
     python benchmarks/bench_engine.py --model smollm2 --tasks-dir local_tasks --limit 64 --budget-scale 0.6667 --batch-size 16
     python benchmarks/bench_engine.py --model smollm2 --tasks-dir local_tasks --interleave 5   # looped / unlooped only
+    python benchmarks/bench_engine.py ... --engine-env   # in loopeval engine-env's environment (docs/engine.md)
 
 ``smollm2``: ``loopeval import-gguf``'s folder; ``local_tasks``: ``loopeval local-tasks``'s (real GSM8K).
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -90,15 +93,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--tasks-dir", required=True)
-    parser.add_argument("--loop", default="14:16x2")
+    parser.add_argument("--loop", default="14:16x2", help="the looped rows' loop; '-': unlooped rows only")
     parser.add_argument("--limit", type=int, default=64)
     parser.add_argument("--budget-scale", type=float, default=512 / 768, help="gsm8k_boxed's 768 tokens times this")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--engine-env", action="store_true",
+                        help="start again with loopeval engine-env's environment (LD_PRELOAD of libiomp5 ...)")
     parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                         help="only measure looped / unlooped on the engine, interleaved, over ROUNDS rounds")
     a = parser.parse_args()
+    if a.engine_env:
+        from loopeval.engines.runtime import engine_environment
+
+        env = engine_environment()
+        if "LD_PRELOAD" in env:  # a preload works from a process's start only; the new process finds it set
+            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+    print(f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}, load average {os.getloadavg()[0]:.1f}", flush=True)
     if a.interleave:
         ratios = interleaved(a.model, a.loop, rounds=a.interleave)
         print(f"engine looped / unlooped per round: {', '.join(f'{r:.3f}' for r in ratios)} "
@@ -106,7 +118,7 @@ def main() -> None:
         return
     rows = [run(a.model, a.tasks_dir, engine=engine, loop=loop, limit=a.limit, budget_scale=a.budget_scale,
                 batch_size=a.batch_size, threads=a.threads)
-            for engine in ("hf", "vllm") for loop in (None, a.loop)]
+            for engine in ("hf", "vllm") for loop in (None, a.loop) if loop != "-"]
     print("| path | loop | load | wall | tokens | tokens/s | responses = HF path's |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
@@ -115,10 +127,10 @@ def main() -> None:
         print(f"| {r['engine']} | {r['loop']} | {r['load_s']:.1f} s | {r['wall_s']:.1f} s | {r['tokens']} | "
               f"{r['tokens_per_s']:.1f} | {same}/{len(hf['responses'])} |")
     by = {(r["engine"], r["loop"]): r for r in rows}
-    for engine in ("hf", "vllm"):
+    for engine in ("hf", "vllm") if a.loop != "-" else ():
         ratio = by[(engine, a.loop)]["wall_s"] / by[(engine, "-")]["wall_s"]
         print(f"{engine}: looped / unlooped wall = {ratio:.3f}")
-    for loop in ("-", a.loop):
+    for loop in dict.fromkeys(("-", a.loop)):
         print(f"loop {loop}: engine / HF path tokens/s = "
               f"{by[('vllm', loop)]['tokens_per_s'] / by[('hf', loop)]['tokens_per_s']:.2f}")
     if a.out:

