@@ -26,9 +26,11 @@ def needs_vllm():
 
 
 def _compiled(m):
-    """Whether vLLM compiled the loop's module, and whether it would compile the base's own decoder
-    model (the decorator's verdict for the unlooped model under the same settings)."""
-    return not m.loop.do_not_compile and m.loop.compiled, not m.model.do_not_compile
+    """Whether the loop's module ran compiled (compiled now, or its compiled graph loaded from
+    vLLM's cache), and whether vLLM would compile the base's own decoder model (the decorator's
+    verdict for the unlooped model under the same settings)."""
+    ran = not m.loop.do_not_compile and (m.loop.compiled or getattr(m.loop, "aot_compiled_fn", None) is not None)
+    return ran, not m.model.do_not_compile
 
 
 def _check(path, model, loop, prompts, **kwargs):
@@ -79,9 +81,9 @@ def test_two_loops_on_one_checkpoint_compile_apart(tmp_path):
     save_model(tiny_model("llama", vocab_size=len(tokenizer), num_layers=4, hidden=128), tokenizer, tmp_path)
 
     def key(**loop):
-        overrides = engine_overrides("LlamaForCausalLM", LoopConfig(**loop)) if loop else None
-        return EngineArgs(model=str(tmp_path), dtype="float32", max_model_len=256, hf_overrides=overrides,
-                          distributed_executor_backend="uni").create_engine_config().compute_hash()
+        overrides = {"hf_overrides": engine_overrides("LlamaForCausalLM", LoopConfig(**loop))} if loop else {}
+        return EngineArgs(model=str(tmp_path), dtype="float32", max_model_len=256, distributed_executor_backend="uni",
+                          **overrides).create_engine_config().compute_hash()
 
     keys = [key(), key(spec="1:3x2", operator="repeat"), key(spec="1:3x2/attn", operator="repeat"),
             key(spec="1:3x2", operator="damped", beta=0.5), key(spec="1:3x2", operator="damped", beta=0.25)]

@@ -420,6 +420,6 @@ def test_serve_cost_on_the_engine_allocates_the_kv_cache_loop_cost_counts(workdi
     assert base.weight_bytes == looped.weight_bytes == 4 * sum(t.numel() for t in tensors)
     assert (result.engine, result.engine_version) == ("vllm", engine_version())
     assert result.settings["engine_args"] == {"distributed_executor_backend": "uni", "enable_prefix_caching": False,
-                                              "enforce_eager": True}
+                                              "enforce_eager": False}
     assert read_serve_cost(tmp_path) == result
     assert result.to_text().startswith(f"vllm {engine_version()}, cpu, float32")
