@@ -9,6 +9,7 @@ one eager engine, on a few prompts.
 
 import importlib.util
 import json
+import os
 
 import pytest
 
@@ -23,6 +24,7 @@ BOTH = (True, False)  # enforce_eager: eager, then compiled
 def needs_vllm():
     if not HAS_VLLM:
         pytest.skip("no vLLM in this environment: test_engine_environment.py runs these tests in the engine's")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: one engine at a time, beside other jobs
 
 
 def _compiled(m):
