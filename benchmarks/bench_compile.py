@@ -86,6 +86,8 @@ def main() -> None:
             out = llm.generate(batch, params, use_tqdm=False)
             times[key].append(time.perf_counter() - t)
             tokens[key] = [list(o.outputs[0].token_ids) for o in out]
+        print("round: " + ", ".join(f"{side} {'eager' if eager else 'compiled'} {times[(side, eager)][-1]:.2f} s"
+                                    for side, eager in engines), flush=True)
 
     def ratios(num, den):
         return [x / y for x, y in zip(times[num], times[den], strict=True)]
