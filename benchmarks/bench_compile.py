@@ -51,12 +51,14 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # four engines alive at once
     from transformers import AutoConfig, AutoTokenizer
 
+    from loopeval.common.threads import configure_threads
     from loopeval.core.cost import loop_cost
     from loopeval.core.spec import LoopConfig
     from loopeval.engines.vllm_engine import configure_environment
     from loopeval.engines.vllm_models import engine_overrides, register
 
     configure_environment()
+    threads = configure_threads()  # the engine's rule (docs/engine.md, "Settings"): idle threads sleep
     register()
     from vllm import LLM, SamplingParams, TokensPrompt
 
@@ -96,7 +98,8 @@ def main() -> None:
         print(f"{name}: {', '.join(f'{r:.3f}' for r in rs)} (median {statistics.median(rs):.3f})")
 
     print(f"{config.architectures[0]} {a.model}, loop {a.loop}: c = {c:.4f}, 1.05 c = {1.05 * c:.4f}; "
-          f"{len(batch)} prompts x {a.new_tokens} new tokens, {a.rounds} rounds; load {os.getloadavg()[0]:.1f}")
+          f"{len(batch)} prompts x {a.new_tokens} new tokens, {a.rounds} rounds, {threads.threads} threads; "
+          f"load average {os.getloadavg()[0]:.1f} at the end")
     for key, seconds in start.items():
         print(f"start-up {key[0]} {'eager' if key[1] else 'compiled'}: {seconds:.1f} s; "
               f"median round {statistics.median(times[key]):.2f} s "
