@@ -31,7 +31,7 @@ def add(sub) -> None:
                    help="auto (default: the largest batch that fits on CUDA; see docs/serving.md for CPU) or 1,8,64")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--engine", choices=list(ENGINES), default="hf",
-                   help="hf (transformers' generate, default) or vllm (the vLLM engine, eager, prefix caching off; "
+                   help="hf (transformers' generate, default) or vllm (the vLLM engine, compiled, prefix caching off; "
                    "docs/serving.md)")
     p.add_argument("--server", action="store_true",
                    help="measure under load instead: vLLM's serving benchmark client (vllm bench serve, random "

@@ -2,13 +2,14 @@
 :data:`loopeval.engines.vllm_models.BASES`.
 
 Each is vLLM's own class with its decoder forward replaced by the loop's
-(:class:`loopeval.engines.vllm_models.Loop`, built from ``hf_overrides["loopeval_loop"]``:
+(:class:`CompiledLoop`, built from ``hf_overrides["loopeval_loop"]``:
 :func:`loopeval.engines.vllm_models.engine_overrides`). vLLM imports this module when it
 builds one (:func:`loopeval.engines.vllm_models.register` registers them by name).
 """
 
 from __future__ import annotations
 
+from vllm.compilation.decorators import support_torch_compile
 from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.mistral import MistralForCausalLM
@@ -17,6 +18,14 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from loopeval.core.spec import LoopConfig
 from loopeval.engines.vllm_models import CONFIG_KEY, PRE_NORM, SANDWICH_NORM, Loop
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "inputs_embeds": 0})
+class CompiledLoop(Loop):
+    """The loop's decoder forward under vLLM's ``@support_torch_compile``, the decorator of every
+    base's decoder model (with the same dynamic token dimension), so vLLM compiles a looped model
+    whenever it compiles the unlooped one (its compilation mode; ``enforce_eager`` runs both eager):
+    one graph over the whole loop, every call site's attention an opaque op by its layer name."""
 
 
 class _Looped:
@@ -31,10 +40,11 @@ class _Looped:
             raise ValueError(f"{type(self).__name__} needs hf_overrides[{CONFIG_KEY!r}] "
                              "(loopeval.engines.vllm_models.engine_overrides)")
         model_prefix = f"{prefix}.model" if prefix else "model"
-        self.loop = Loop(self.model, self.NORMS, LoopConfig.from_dict(dict(stored)), vllm_config, model_prefix)
+        self.loop = CompiledLoop(model=self.model, norms=self.NORMS, config=LoopConfig.from_dict(dict(stored)),
+                                 vllm_config=vllm_config, prefix=model_prefix)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
-        return self.loop.forward(input_ids, positions, inputs_embeds)
+        return self.loop(input_ids, positions, inputs_embeds)
 
 
 class LoopedLlamaForCausalLM(_Looped, LlamaForCausalLM):

@@ -98,17 +98,21 @@ def _site_attention(layer: nn.Module, slot: int, prefix: str, cache_config) -> t
     return attn, site
 
 
-class Loop:
+class Loop(nn.Module):
     """The looped decoder forward of one vLLM decoder model (``model``: its ``.layers``), with
-    its decoder layers' ``norms`` (:data:`PRE_NORM`, :data:`SANDWICH_NORM`)."""
+    its decoder layers' ``norms`` (:data:`PRE_NORM`, :data:`SANDWICH_NORM`). A module without
+    parameters of its own: it reaches ``model`` (not a submodule, so no weight is named twice)
+    and the call sites' attention modules (``model.loop_sites``). vLLM compiles it as it
+    compiles the base's decoder model: :class:`loopeval.engines.vllm_looped.CompiledLoop`."""
 
-    def __init__(self, model: nn.Module, norms: tuple, config: LoopConfig, vllm_config, prefix: str):
+    def __init__(self, *, model: nn.Module, norms: tuple, config: LoopConfig, vllm_config, prefix: str):
         from vllm.distributed import get_pp_group
 
+        super().__init__()
         if get_pp_group().world_size > 1:
             raise ValueError("the vLLM engine's looped models do not support pipeline parallelism; "
                              "use tensor_parallel_size or data_parallel_size")
-        self.model = model
+        object.__setattr__(self, "model", model)
         self.norms = norms
         self.config = config
         layers = model.layers
@@ -120,7 +124,10 @@ class Loop:
                                  "not a decoder layer the engine can loop")
         spec = config.spec.validate(self.num_layers)
         check_sub_layer_support(layers, spec)  # vLLM's decoder layers have transformers' class names
-        self.windows = [w for w in spec.windows if w.times > 1]
+        looped = [w for w in spec.windows if w.times > 1]
+        # per layer, fixed at build: the windows starting and ending there (a traced forward runs no spec code)
+        self.starting = [[w for w in looped if w.start == j] for j in range(self.num_layers)]
+        self.ending = [[w for w in spec.windows_ending_at(j) if w.times > 1] for j in range(self.num_layers)]
         self.sites = {}  # (layer, pass, kind) -> the self_attn copy holding that call site's Attention
         holder = _LoopSites()
         for s in spec.call_sites(self.num_layers):
@@ -143,7 +150,8 @@ class Loop:
                 h = h + _norm(layer, mlp_out, layer.mlp(getattr(layer, mlp_in)(h)))
         return h
 
-    def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         model = self.model
         hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
         residual = None
@@ -151,13 +159,10 @@ class Loop:
         embedding = hidden.clone() if config.mix_source == "embedding" else None
         x0 = {}
         for j, layer in enumerate(model.layers):
-            for w in self.windows:
-                if w.start == j:
-                    x0[w] = _whole(hidden, residual)
+            for w in self.starting[j]:
+                x0[w] = _whole(hidden, residual)
             hidden, residual = layer(positions, hidden, residual)
-            for w in config.spec.windows_ending_at(j):
-                if w.times < 2:
-                    continue
+            for w in self.ending[j]:
                 y1 = _whole(hidden, residual)
                 hidden = window_outputs(lambda h, t, w=w: self._pass(w, positions, h, t), x0.pop(w), y1,
                                         times=(w.times,), operator=config.operator, betas=(config.beta,),

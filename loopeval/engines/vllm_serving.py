@@ -6,7 +6,7 @@ Each model gets its own in-process ``LLM`` (``distributed_executor_backend="uni"
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` from :data:`loopeval.engines.vllm_engine.ENV_DEFAULTS`),
 looped by :func:`loopeval.engines.vllm_models.engine_overrides` as the lm-eval adapter
 loops it, with prefix caching **off**: every repeat sends the same prompt ids, so a prefix
-cache would serve the repeats' prompts from its blocks and time no prefill; and eager
+cache would serve the repeats' prompts from its blocks and time no prefill; and compiled
 (:data:`FIXED`). Each row
 generates exactly ``new_tokens`` tokens (``min_tokens = max_tokens``, ``ignore_eos``),
 greedily, on the seeded random prompt ids the HF path uses.
@@ -20,11 +20,11 @@ from loopeval.engines.vllm_engine import INSTALL, configure_environment, engine_
 from loopeval.evaluation import serving
 from loopeval.evaluation.serving import Clock
 
-FIXED = {"distributed_executor_backend": "uni", "enable_prefix_caching": False, "enforce_eager": True}
-"""``LLM`` settings serve-cost measures with; ``engine_args`` cannot change them. Eager: vLLM
-compiles (and on GPUs graphs) the base class's decoder model, whose forward the looped
-classes replace with the loop's, so compiled the two sides would not run alike (measured on
-SmolLM2, 14:16x2 at c = 1.067: latency x1.32 to x1.42 compiled)."""
+FIXED = {"distributed_executor_backend": "uni", "enable_prefix_caching": False, "enforce_eager": False}
+"""``LLM`` settings serve-cost measures with; ``engine_args`` cannot change them. Compiled, as
+vLLM serves by default (on GPUs with CUDA graphs): a looped model compiles exactly as its
+base does (docs/engine.md, "Compilation"), so both sides run alike; the start-up, where
+compilation happens, is not timed."""
 
 
 def serve_cost(models, *, engine_args: dict | None = None, **kwargs) -> serving.ServeCost:

@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 
+from engine_support import assert_engine_tokens_equal_hf as _assert_engine_tokens_equal_hf
 from support import QUESTIONS
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -87,52 +88,6 @@ def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
     assert tokens[0] == tokens[1]
 
 
-def _assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24, max_model_len=256, inspect=None):
-    """Greedy tokens of the checkpoint at ``path`` looped by ``loop`` in vLLM (prefix caching on)
-    equal those of ``model`` looped by ``apply_loop`` on the HF path, each to vLLM's end of
-    sequence, up to the first step whose greedy token is a numerical tie on the HF path (its
-    top two logits within float32 rounding of each other,
-    :func:`loopeval.core.cache_check.rounding_tolerance`: two kernel stacks may break it
-    either way, so the rest of that row is not compared); ``inspect`` runs on vLLM's model
-    first (``LLM.apply_model``) and its result is returned."""
-    import torch
-    from transformers import AutoConfig
-
-    from loopeval import apply_loop
-    from loopeval.core.cache_check import clear_winner, rounding_tolerance
-    from loopeval.engines.vllm_engine import configure_environment
-    from loopeval.engines.vllm_models import engine_overrides, register
-
-    configure_environment()  # one process: faster on 2 cores, and apply_model reaches the model
-    register()
-    from vllm import LLM, SamplingParams, TokensPrompt
-
-    architecture = AutoConfig.from_pretrained(path).architectures[0]
-    llm = LLM(str(path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
-              max_model_len=max_model_len, enable_prefix_caching=True, hf_overrides=engine_overrides(architecture, loop))
-    inspected = llm.apply_model(inspect)[0] if inspect is not None else None
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                           SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
-    del llm
-    gc.collect()
-    apply_loop(model, loop)
-    compared = 0
-    for prompt, out in zip(prompts, outputs, strict=True):
-        with torch.no_grad():
-            hf = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, output_logits=True,
-                                return_dict_in_generate=True)
-        logits = torch.cat(hf.logits).float()
-        clear = clear_winner(logits, rounding_tolerance(logits, torch.float32)).tolist() + [False]
-        n = clear.index(False)  # steps before the first numerical tie
-        tokens = list(out.outputs[0].token_ids)  # to the end-of-sequence token, where HF pads
-        assert tokens[:n] == hf.sequences[0, len(prompt):].tolist()[:min(n, len(tokens))]
-        assert n < len(tokens) or len(tokens) == max_tokens or out.outputs[0].finish_reason == "stop"
-        compared += min(n, len(tokens))
-    if compared < len(prompts) * 4:
-        pytest.skip(f"only {compared} greedy tokens before a numerical tie on these weights: too few to compare")
-    return inspected
-
-
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
 def test_every_looped_architecture_equals_the_hf_path(tmp_path, arch):
     """Greedy tokens of a damped loop over a window and an /attn window, vLLM against apply_loop's
@@ -170,7 +125,7 @@ def test_looped_gemma3_equals_the_hf_path(tmp_path, loop):
     assert min(map(len, prompts)) > model.config.sliding_window
     windows = _assert_engine_tokens_equal_hf(
         tmp_path / "gemma3", model, loop, prompts,
-        inspect=lambda m: {j: site.attn.sliding_window for (j, _, _), site in m.loop.sites.items()})
+        inspect=lambda m: {j: site.attn.sliding_window for (j, _, _), site in m.loop.sites.items()})[True]
     assert windows == {j: 4 if j != 2 else None for j in range(loop.spec.windows[0].start, loop.spec.windows[-1].end)}
 
 
@@ -446,6 +401,6 @@ def test_serve_cost_on_the_engine_allocates_the_kv_cache_loop_cost_counts(workdi
     assert base.weight_bytes == looped.weight_bytes == 4 * sum(t.numel() for t in tensors)
     assert (result.engine, result.engine_version) == ("vllm", engine_version())
     assert result.settings["engine_args"] == {"distributed_executor_backend": "uni", "enable_prefix_caching": False,
-                                              "enforce_eager": True}
+                                              "enforce_eager": False}
     assert read_serve_cost(tmp_path) == result
     assert result.to_text().startswith(f"vllm {engine_version()}, cpu, float32")
