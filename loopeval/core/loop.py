@@ -22,7 +22,6 @@ from torch import nn
 
 from loopeval.core.blocks import check_sub_layer_support
 from loopeval.core.loop_runtime import LoopRuntime
-from loopeval.core.operators import window_outputs  # noqa: F401  (engines/vllm_models.py imports it from here)
 from loopeval.core.spec import LOOP_CONFIG_NAME, LOOP_OPTIONS, LoopConfig, LoopSpec, read_loop_config
 
 

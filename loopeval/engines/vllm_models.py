@@ -27,7 +27,8 @@ import copy
 import torch
 from torch import nn
 
-from loopeval.core.loop import check_sub_layer_support, window_outputs
+from loopeval.core.loop import check_sub_layer_support
+from loopeval.core.operators import window_outputs
 from loopeval.core.spec import LoopConfig
 
 PRE_NORM = (("input_layernorm", None), ("post_attention_layernorm", None))
