@@ -90,7 +90,7 @@ class VLLMServing:
 
     def settings(self, timed, meter) -> dict:
         """What the JSON's settings record of the engine."""
-        return {"cache": "paged", "compile": False, "device": device_type(),
+        return {"cache": "paged", "compile": not FIXED["enforce_eager"], "device": device_type(),
                 "engine_args": {**FIXED, **self.engine_args},
                 "kv_block_size": kv_cache_config(timed[0]).kv_cache_groups[0].kv_cache_spec.block_size,
                 "memory": "weights + vLLM's KV bytes per token x (prompt_tokens + new_tokens)"}
