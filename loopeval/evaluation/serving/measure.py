@@ -230,17 +230,8 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
     rates = _throughput(meter, timed, per_model, new_tokens, repeats)
     meter.bar.close()
     meter.bar = None
-    results = []
-    for i, (name, config, cost) in enumerate(zip(names, loops, costs)):
-        peak, growth, engine_kv = memory[i]
-        results.append(ModelServing(
-            name=name, loop=str(config.spec) if config else None, passes=cost.passes,
-            generation_flops=cost.generation_flops(prompt_tokens, new_tokens), weight_bytes=weights[i],
-            kv_bytes_per_token=cost.kv_bytes_per_token, state_bytes_per_sequence=cost.state_bytes_per_sequence,
-            prefill_s=Spread.of(prefill[i]), latency_s=Spread.of(latency[i]),
-            throughput={b: Spread.of(v) for b, v in rates[i].items()}, max_batch=chosen[i],
-            peak_memory_bytes=weights[i] + peak, memory_growth_per_token=growth, engine_kv_bytes_per_token=engine_kv,
-        ))
+    results = [_model_row(*row, prompt_tokens=prompt_tokens, new_tokens=new_tokens)
+               for row in zip(names, loops, costs, weights, memory, prefill, latency, rates, chosen)]
     where = engine.settings(timed, meter)
     settings = {
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
@@ -252,6 +243,20 @@ def serve_cost(models, *, loop=None, prompt_tokens: int = 512, new_tokens: int =
         result.write(out)
     return result
 
+
+def _model_row(name, config, cost, weight_bytes, memory, prefill, latency, rates, chosen, *, prompt_tokens: int,
+               new_tokens: int) -> ModelServing:
+    """One model's :class:`ModelServing` from its measurements (``memory``: the engine's peak,
+    growth per token and KV bytes per token)."""
+    peak, growth, engine_kv = memory
+    return ModelServing(
+        name=name, loop=str(config.spec) if config else None, passes=cost.passes,
+        generation_flops=cost.generation_flops(prompt_tokens, new_tokens), weight_bytes=weight_bytes,
+        kv_bytes_per_token=cost.kv_bytes_per_token, state_bytes_per_sequence=cost.state_bytes_per_sequence,
+        prefill_s=Spread.of(prefill), latency_s=Spread.of(latency),
+        throughput={b: Spread.of(v) for b, v in rates.items()}, max_batch=chosen,
+        peak_memory_bytes=weight_bytes + peak, memory_growth_per_token=growth, engine_kv_bytes_per_token=engine_kv,
+    )
 
 def _batch_one(meter: Clock, timed: list, new_tokens: int, repeats: int) -> tuple[list, list]:
     """Per model, each repeat's prefill seconds and decode seconds per token at batch 1 (a one-token
