@@ -14,7 +14,9 @@ import pytest  # noqa: E402
 
 def pytest_collection_modifyitems(items):
     """Tests marked ``longest`` first: under xdist one worker runs them while the others take
-    the rest, instead of the whole run waiting for them at its end."""
+    the rest, instead of the whole run waiting for them at its end (``--no-loadscope-reorder``
+    in ``pyproject.toml`` keeps this order: xdist would otherwise send the files with the most
+    tests first, and the engine's one long test last)."""
     items.sort(key=lambda item: item.get_closest_marker("longest") is None)
 
 
