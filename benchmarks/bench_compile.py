@@ -9,7 +9,7 @@ wall time (the per-token time ratio: same token counts), beside c (``loopeval.co
 and the target 1.05 c; start-up per engine (the compiled ones include compilation); and
 whether each compiled engine's tokens equal its eager twin's.
 
-    python benchmarks/bench_compile.py --model smollm2 --data /work/shared/data/gsm8k --rounds 5
+    python benchmarks/bench_compile.py --model smollm2 --data ../shared/data/gsm8k --rounds 5
 
 ``smollm2``: ``loopeval import-gguf``'s folder of SmolLM2-135M-Instruct.
 """
