@@ -14,6 +14,7 @@ and set-up", has what the preload measured). Nothing here imports torch or vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -43,11 +44,9 @@ def _installed(prefix: str) -> list[Path]:
     """Shared libraries named ``prefix*.so*`` that this environment installed: in the files of the
     ``intel-openmp`` distribution, in vLLM's bundled ``libs`` folder, and in ``<sys.prefix>/lib``."""
     found = []
-    try:
-        files = importlib.metadata.distribution("intel-openmp").files or []
-        found += [Path(importlib.metadata.distribution("intel-openmp").locate_file(f)) for f in files]
-    except importlib.metadata.PackageNotFoundError:
-        pass
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # no intel-openmp: the folders below
+        openmp = importlib.metadata.distribution("intel-openmp")
+        found += [Path(openmp.locate_file(f)) for f in openmp.files or []]
     spec = importlib.util.find_spec("vllm")  # the package's location, without importing it
     folders = [Path(p).parent / "libs" for p in (spec.submodule_search_locations or [])] if spec else []
     for folder in [*folders, Path(sys.prefix) / "lib"]:

@@ -1,6 +1,8 @@
 """Fixtures the engine's test files share."""
 
+import importlib.util
 import json
+import os
 
 import pytest
 
@@ -29,3 +31,12 @@ def workdir(tmp_path_factory):
     (tasks / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tasks / "tiny_mc.yaml").write_text(MC_YAML.format(data=tasks / "data.jsonl"))
     return root
+
+
+@pytest.fixture(scope="module")
+def needs_vllm():
+    """Skip a module's tests where vLLM is not installed (``pytestmark = pytest.mark.usefixtures("needs_vllm")``);
+    test_engine_environment.py runs them in the engine's environment. 1 GiB of KV cache per engine."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("no vLLM in this environment: test_engine_environment.py runs these tests in the engine's")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -7,24 +7,17 @@ tiny model on a loaded 2-core machine), so each architecture gets one compiled e
 one eager engine, on a few prompts.
 """
 
-import importlib.util
 import json
-import os
 
 import pytest
 
 from engine_support import assert_engine_tokens_equal_hf
 from support import QUESTIONS
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
 BOTH = (True, False)  # enforce_eager: eager, then compiled
 
 
-@pytest.fixture(scope="module", autouse=True)
-def needs_vllm():
-    if not HAS_VLLM:
-        pytest.skip("no vLLM in this environment: test_engine_environment.py runs these tests in the engine's")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: one engine at a time, beside other jobs
+pytestmark = pytest.mark.usefixtures("needs_vllm")
 
 
 def _compiled(m):

@@ -6,8 +6,6 @@ per module (the tiny Llama looped and unlooped, :func:`loopeval.engines.server.r
 """
 
 import gc
-import importlib.util
-import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +15,6 @@ import pytest
 
 from support import QUESTIONS
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
 START = 900.0
 """Seconds a server may take to answer /health (measured: 75 s for the tiny model on a loaded 2-core machine)."""
 REQUEST = 300.0
@@ -33,11 +30,7 @@ ENGINE = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
 LOOP = ("--loop", "1:3x2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def needs_vllm():
-    if not HAS_VLLM:
-        pytest.skip("no vLLM in this environment: test_engine_environment.py runs these tests in the engine's")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+pytestmark = pytest.mark.usefixtures("needs_vllm")
 
 
 @pytest.fixture(scope="module")

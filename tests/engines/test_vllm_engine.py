@@ -5,10 +5,8 @@ an environment without vLLM, ``test_engine_environment.py`` runs this file in th
 """
 
 import gc
-import importlib.util
 import json
 import math
-import os
 import shutil
 
 import pytest
@@ -16,7 +14,6 @@ import pytest
 from engine_support import assert_engine_tokens_equal_hf as _assert_engine_tokens_equal_hf
 from support import QUESTIONS
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
 NLL_TOLERANCE = dict(rel=1e-5, abs=1e-5)
 """A log-likelihood on the engine against the HF path's: each token's log-probability comes
 from logits that two float32 kernel stacks round about 1e-6 of their size apart, and a sum of
@@ -25,11 +22,7 @@ leaves 9x headroom over the largest gap measured (2.2e-4 at -203 nats, 1.1e-6: S
 GSM8K test item 405); ``abs`` covers sums near 0."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def needs_vllm():
-    if not HAS_VLLM:
-        pytest.skip("no vLLM in this environment: test_engine_environment.py runs these tests in the engine's")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+pytestmark = pytest.mark.usefixtures("needs_vllm")
 
 
 @pytest.fixture(scope="module")
