@@ -101,18 +101,33 @@ def prepare(checkpoint, vllm_argv: list[str], *, loop: str | None = None, exit_a
     return Prepared(session, args, _cost(checkpoint, session, args))
 
 
-def _vllm_args(checkpoint, vllm_argv: list[str]):
-    """vLLM's ``serve`` arguments for ``checkpoint``, parsed and validated by vLLM's own parser
-    (argparse's exit on a bad option), with the host defaulting to :data:`DEFAULT_HOST`."""
+def _vllm_parser():
+    """vLLM's own ``serve`` parser."""
     from loopeval.engines.vllm_metadata import vllm_version_known
 
     with vllm_version_known():
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-        parser = make_arg_parser(FlexibleArgumentParser(
+        return make_arg_parser(FlexibleArgumentParser(
             prog="loopeval serve CKPT [--loop SPEC ...]", description="vLLM's serve options"))
-        args = parser.parse_args([str(checkpoint), *vllm_argv])
+
+
+def vllm_options_help(keyword: str | None = None) -> str:
+    """vLLM's ``serve`` options as ``vllm serve --help[=KEYWORD]`` lists them (``all``, a group's
+    title or part of an option's name; none: the groups), which the CPU build's own ``vllm``
+    command cannot print (:mod:`loopeval.engines.vllm_metadata`)."""
+    parser = _vllm_parser()
+    parser._search_keyword = keyword  # how vLLM's parser receives --help=KEYWORD
+    return parser.format_help()
+
+
+def _vllm_args(checkpoint, vllm_argv: list[str]):
+    """vLLM's ``serve`` arguments for ``checkpoint``, parsed and validated by vLLM's own parser
+    (argparse's exit on a bad option), with the host defaulting to :data:`DEFAULT_HOST`."""
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
+    args = _vllm_parser().parse_args([str(checkpoint), *vllm_argv])
     given = [f"--{name}" for name in ONE_SERVER if getattr(args, name, False)]
     if given or (args.api_server_count or 1) > 1 or args.data_parallel_size > 1:
         raise UserError(f"serve: {', '.join(given) or 'several API servers or data parallel ranks'}: loopeval serve "

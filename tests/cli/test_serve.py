@@ -13,6 +13,10 @@ def test_a_missing_vllm_is_refused_with_the_install_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("loopeval serve: error: vLLM is not installed in this environment: the vLLM engine needs "
                           "vLLM: on a CPU machine") and "pip install" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--vllm-help=all"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--vllm-help: vLLM is not installed in this environment" in err
 
 
 def test_other_commands_still_refuse_unknown_options(capsys):

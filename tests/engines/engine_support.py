@@ -6,7 +6,7 @@ import pytest
 
 
 def assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24, max_model_len=256, inspect=None,
-                                  enforce_eager=(True,)):
+                                  enforce_eager=(True,), engine_args=None):
     """Greedy tokens of the checkpoint at ``path`` looped by ``loop`` in vLLM (prefix caching on),
     once per setting in ``enforce_eager`` (``False``: vLLM compiles the model), each equal to
     those of ``model`` looped by ``apply_loop`` on the HF path, each to vLLM's end of
@@ -14,7 +14,8 @@ def assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24, 
     top two logits within float32 rounding of each other,
     :func:`loopeval.core.cache_check.rounding_tolerance`: two kernel stacks may break it
     either way, so the rest of that row is not compared); ``inspect`` runs on vLLM's model
-    first (``LLM.apply_model``): returns its result per setting."""
+    first (``LLM.apply_model``): returns its result per setting. ``engine_args``: more ``LLM``
+    arguments (e.g. ``compilation_config``)."""
     import torch
     from transformers import AutoConfig
 
@@ -32,7 +33,7 @@ def assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24, 
     for eager in enforce_eager:
         llm = LLM(str(path), dtype="float32", enforce_eager=eager, distributed_executor_backend="uni",
                   max_model_len=max_model_len, enable_prefix_caching=True,
-                  hf_overrides=engine_overrides(architecture, loop))
+                  hf_overrides=engine_overrides(architecture, loop), **(engine_args or {}))
         inspected[eager] = llm.apply_model(inspect)[0] if inspect is not None else None
         outputs[eager] = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
                                       SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)

@@ -1,8 +1,10 @@
 """``loopeval serve``: real clients (the ``openai`` client, lm-eval's API models) get the engine's tokens.
 
-Runs where vLLM is installed (from elsewhere: ``test_engine_environment.py``). Two servers
-per module (the tiny Llama looped and unlooped, :func:`loopeval.engines.server.running_server`,
-127.0.0.1 only); every wait is bounded by :data:`START`, :data:`REQUEST` or :data:`STOP`.
+Runs where vLLM is installed (from elsewhere: ``test_engine_environment.py``). A server start
+costs about a minute here, so there are few: the tiny Llama looped (one for the module) and
+unlooped (which the SIGTERM test then stops), SmolLM2 looped, and one that dies at start
+(:func:`loopeval.engines.server.running_server`, 127.0.0.1 only). Every wait is bounded by
+:data:`START`, :data:`REQUEST` or :data:`STOP`.
 """
 
 import gc
@@ -41,14 +43,6 @@ def looped_server(workdir):
         yield server
 
 
-@pytest.fixture(scope="module")
-def unlooped_server(workdir):
-    from loopeval.engines.server import running_server
-
-    with running_server(workdir / "base", *ENGINE, timeout=START) as server:
-        yield server
-
-
 def _client(server):
     from openai import OpenAI
 
@@ -75,14 +69,14 @@ def _in_process(path, loop, prompts: list[list[int]], max_tokens: int) -> list[l
     return [list(o.outputs[0].token_ids) for o in out]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("looped", [True, False], ids=["looped", "unlooped"])
-def test_openai_completions_and_chat_give_the_in_process_engines_tokens(workdir, request, looped):
+def _assert_openai_gets_the_in_process_engines_tokens(server, path, loop: str | None) -> None:
+    """Completions of three questions and a chat completion of a fourth, at temperature 0 through
+    the ``openai`` client: the prompt ids are the tokenizer's (its chat template's for the chat),
+    and the answers the in-process engine's greedy tokens for those ids."""
     from transformers import AutoTokenizer
 
-    server = request.getfixturevalue("looped_server" if looped else "unlooped_server")
     client = _client(server)
-    tokenizer = AutoTokenizer.from_pretrained(workdir / "base")
+    tokenizer = AutoTokenizer.from_pretrained(path)
     prompts, answers = [], []
     for q in QUESTIONS[:3]:
         r = client.completions.create(model=server.model, prompt=q, max_tokens=16, temperature=0, extra_body=IDS)
@@ -97,7 +91,30 @@ def test_openai_completions_and_chat_give_the_in_process_engines_tokens(workdir,
     assert prompts[-1] == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                         return_dict=True)["input_ids"]
     assert all(answers)
-    assert answers == _in_process(workdir / "base", LOOP[1] if looped else None, prompts, 16)
+    assert answers == _in_process(path, loop, prompts, 16)
+
+
+@pytest.mark.slow
+def test_openai_completions_and_chat_give_the_in_process_engines_tokens(workdir, looped_server):
+    _assert_openai_gets_the_in_process_engines_tokens(looped_server, workdir / "base", LOOP[1])
+
+
+@pytest.mark.slow
+def test_an_unlooped_server_gives_the_engines_tokens_and_sigterm_leaves_no_process(workdir):
+    """The unlooped checkpoint behind the server answers as the in-process engine does; then
+    ``kill PID`` (SIGTERM to the server alone): it exits, its engine process with it."""
+    from loopeval.engines.server import running_server
+
+    with running_server(workdir / "base", *ENGINE, timeout=START) as server:
+        _assert_openai_gets_the_in_process_engines_tokens(server, workdir / "base", None)
+        group = _group(server.process.pid)
+        assert len(group) >= 2, group  # the API server and vLLM's engine process
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=STOP) is not None
+        deadline = time.monotonic() + STOP
+        while _group(server.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)  # polls for an event (the processes' exit), bounded by STOP
+        assert _group(server.process.pid) == []
 
 
 @pytest.mark.slow
@@ -159,22 +176,6 @@ def _text(response: str) -> str:
     incrementally (holding back a last incomplete character), so only those marks differ. The
     tokens themselves are compared exactly above."""
     return response.replace("\ufffd", "")
-
-
-@pytest.mark.slow
-def test_sigterm_stops_the_server_and_leaves_no_process(workdir):
-    """``kill PID`` (SIGTERM to the server alone): it exits, its engine process with it."""
-    from loopeval.engines.server import running_server
-
-    with running_server(workdir / "base", *ENGINE, timeout=START) as server:
-        group = _group(server.process.pid)
-        assert len(group) >= 2, group  # the API server and vLLM's engine process
-        server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(timeout=STOP) is not None
-        deadline = time.monotonic() + STOP
-        while _group(server.process.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)  # polls for an event (the processes' exit), bounded by STOP
-        assert _group(server.process.pid) == []
 
 
 def _group(pgid: int) -> list[int]:
@@ -246,6 +247,20 @@ def test_a_bad_option_is_refused_by_name(workdir, capsys, no_engine):
     with pytest.raises(SystemExit) as exit_:
         main(["serve", str(workdir / "base"), *LOOP, "--loop-beta", "0.5"])
     assert exit_.value.code == 2 and "unrecognized arguments: --loop-beta" in capsys.readouterr().err
+
+
+def test_vllm_help_lists_vllms_serve_options(capsys):
+    """``--vllm-help[=KEYWORD]`` prints vLLM's serve options (the CPU build's ``vllm serve --help``
+    fails on its package name) and exits 0, as ``--help`` does, with no checkpoint given."""
+    from loopeval.cli import main
+
+    for keyword, present, absent in (("all", ("--max-model-len", "--port", "--dtype"), ()),
+                                     ("port", ("--port",), ("--dtype", "--max-model-len"))):
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", f"--vllm-help={keyword}"])
+        out = capsys.readouterr().out
+        assert exit_.value.code == 0
+        assert all(f"{o} " in out for o in present) and not any(f"{o} " in out for o in absent), keyword
 
 
 def test_a_server_that_dies_at_start_is_reported_with_its_log(workdir, tmp_path):

@@ -5,7 +5,6 @@ an environment without vLLM, ``test_engine_environment.py`` runs this file in th
 """
 
 import gc
-import json
 import math
 import shutil
 
@@ -81,30 +80,12 @@ def test_looped_equals_its_unrolled_copy_in_vllm(workdir):
     assert tokens[0] == tokens[1]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
-def test_every_looped_architecture_equals_the_hf_path(tmp_path, arch):
-    """Greedy tokens of a damped loop over a window and an /attn window, vLLM against apply_loop's
-    HF model (Mistral: past its sliding window of 8, so the extra call sites slide too)."""
-    from loopeval import save_model
-    from loopeval.core.spec import LoopConfig
-    from loopeval.tools.tiny import tiny_model, tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()
-    model = tiny_model(arch, vocab_size=len(tokenizer), num_layers=4, hidden=128)
-    save_model(model, tokenizer, tmp_path / arch)
-    loop = LoopConfig("1:3x3+3:4x2/attn", operator="damped", beta=0.5)
-    _assert_engine_tokens_equal_hf(tmp_path / arch, model, loop, [tokenizer(q).input_ids for q in QUESTIONS])
-
-
-@pytest.mark.parametrize("loop", [
-    dict(spec="1:3x3", operator="repeat"),
-    dict(spec="0:2x2+2:4x3", operator="damped", beta=0.5, mix=0.3, mix_source="embedding"),
-], ids=["repeat", "damped-mix"])
-def test_looped_gemma3_equals_the_hf_path(tmp_path, loop):
+def test_looped_gemma3_slides_each_extra_site_as_its_layer_does(tmp_path):
     """Gemma 3 (sliding window 4, layer 2 global) past its window: a loop over a sliding and the
-    global layer (repeat), and damped windows mixing in the scaled embedding, vLLM against
-    apply_loop's HF model, each extra site sliding as its layer does (its sub-layer windows are
-    refused, as on the HF path: test_refusals_name_the_arg)."""
+    global layer, vLLM against apply_loop's HF model, each extra site sliding as its layer does
+    (its sub-layer windows are refused, as on the HF path: test_refusals_name_the_arg). Every
+    architecture's loops, Gemma 3's damped windows with an embedding mix among them, are checked
+    eager and compiled against the HF path in test_compile.py."""
     from loopeval import save_model
     from loopeval.core.spec import LoopConfig
     from loopeval.tools.tiny import tiny_model, tiny_tokenizer
@@ -113,7 +94,7 @@ def test_looped_gemma3_equals_the_hf_path(tmp_path, loop):
     model = tiny_model("gemma3", vocab_size=len(tokenizer), num_layers=4, hidden=128)  # head size 32
     assert model.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
     save_model(model, tokenizer, tmp_path / "gemma3")
-    loop = LoopConfig(**loop)
+    loop = LoopConfig("1:3x3", operator="repeat")
     prompts = [tokenizer(q).input_ids for q in QUESTIONS]
     assert min(map(len, prompts)) > model.config.sliding_window
     windows = _assert_engine_tokens_equal_hf(
@@ -311,28 +292,6 @@ def test_smollm2_looped_on_the_engine_gives_the_hf_paths_responses(tmp_path):
     a, b = _samples(engine, "gsm8k_nll"), _samples(hf, "gsm8k_nll")
     for doc in b:
         assert a[doc][0][0] == pytest.approx(b[doc][0][0], **NLL_TOLERANCE)
-
-
-def test_gemma3_270m_looped_on_the_engine_gives_the_hf_paths_tokens():
-    """Real weights: a damped loop over sliding layer 4, global layer 5 and sliding layer 6, on
-    GSM8K questions and on a prompt past the 512-token window; the engine's greedy tokens are
-    apply_loop's."""
-    from loopeval import load_model
-    from loopeval.core.spec import LoopConfig
-    from real.conftest import GSM8K_8, _absent, _gemma3_file, imported
-
-    gguf = _gemma3_file()
-    if gguf is None or not gguf.is_file():
-        _absent(f"Gemma 3 270M GGUF not found ({gguf}; set LOOPEVAL_GEMMA3_GGUF)")
-    path = imported(gguf)
-    model, tokenizer = load_model(path)
-    assert model.config.sliding_window == 512 and model.config.layer_types[4:7] == [
-        "sliding_attention", "full_attention", "sliding_attention"]
-    questions = [json.loads(line)["question"] for line in GSM8K_8.read_text().splitlines()]
-    prompts = [tokenizer(q).input_ids for q in questions[:3]] + [tokenizer(" ".join(questions) * 3).input_ids[:530]]
-    assert len(prompts[-1]) == 530
-    _assert_engine_tokens_equal_hf(path, model, LoopConfig("4:7x2", operator="damped", beta=0.5), prompts,
-                                   max_tokens=16, max_model_len=1024)
 
 
 def test_a_study_runs_on_the_engine_and_its_results_are_recognised(workdir, tmp_path):
