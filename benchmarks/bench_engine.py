@@ -1,12 +1,15 @@
 """lm-eval ``gsm8k_boxed`` on SmolLM2-135M: the HF path against the vLLM engine, looped and unlooped.
 
 Runs in the engine's environment (README, "The vLLM engine"), one process, the four
-evaluations one after another with the same items, budget and batch size; each row is
+evaluations one after another with the same items and budget, the HF path batched by
+``--batch-size`` and the engine by ``--engine-batch-size`` (``auto``: every request at once,
+as lm-eval's ``vllm`` model takes ``--batch_size auto``); each row is
 the evaluation's wall time (the model already loaded), its generated tokens (from the
 trace) and tokens/s, and start-up (loading) apart. Also checks that each engine run's
 responses equal the HF path's.
 
     python benchmarks/bench_engine.py --model smollm2 --tasks-dir local_tasks --limit 64 --budget-scale 0.6667 --batch-size 16
+    python benchmarks/bench_engine.py ... --engine-batch-size 16   # the engine batched as the HF path is
     python benchmarks/bench_engine.py --model smollm2 --tasks-dir local_tasks --interleave 5   # looped / unlooped only
     python benchmarks/bench_engine.py ... --engine-env   # in loopeval engine-env's environment (docs/engine.md)
 
@@ -26,7 +29,7 @@ from pathlib import Path
 
 
 def run(model: str, tasks_dir: str, *, engine: str, loop: str | None, limit: int, budget_scale: float,
-        batch_size: int, threads: int) -> dict:
+        batch_size: int | str, threads: int) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -55,8 +58,8 @@ def run(model: str, tasks_dir: str, *, engine: str, loop: str | None, limit: int
     responses = {s["doc_id"]: s["resps"][0][0] for s in result["samples"]["gsm8k_boxed"]}
     del lm
     gc.collect()
-    return {"engine": engine, "loop": loop or "-", "load_s": loaded - start, "wall_s": wall, "tokens": tokens,
-            "tokens_per_s": tokens / wall, "lengths": sorted(i.generated_tokens for i in t.items),
+    return {"engine": engine, "loop": loop or "-", "batch": batch_size, "load_s": loaded - start, "wall_s": wall,
+            "tokens": tokens, "tokens_per_s": tokens / wall, "lengths": sorted(i.generated_tokens for i in t.items),
             "responses": responses}
 
 
@@ -97,6 +100,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=64)
     parser.add_argument("--budget-scale", type=float, default=512 / 768, help="gsm8k_boxed's 768 tokens times this")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--engine-batch-size", default="auto",
+                        help="the engine rows' batch size: 'auto' (default, lm-eval's convention for vLLM) hands "
+                             "every request to vLLM at once and vLLM batches them continuously; a number hands that "
+                             "many at a time, as the HF path batches")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     parser.add_argument("--engine-env", action="store_true",
@@ -117,15 +124,15 @@ def main() -> None:
               f"(median {sorted(ratios)[len(ratios) // 2]:.3f})")
         return
     rows = [run(a.model, a.tasks_dir, engine=engine, loop=loop, limit=a.limit, budget_scale=a.budget_scale,
-                batch_size=a.batch_size, threads=a.threads)
+                batch_size=a.batch_size if engine == "hf" else a.engine_batch_size, threads=a.threads)
             for engine in ("hf", "vllm") for loop in (None, a.loop) if loop != "-"]
-    print("| path | loop | load | wall | tokens | tokens/s | responses = HF path's |")
-    print("|---|---|---|---|---|---|---|")
+    print("| path | loop | batch | load | wall | tokens | tokens/s | responses = HF path's |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         hf = next(h for h in rows if h["engine"] == "hf" and h["loop"] == r["loop"])
         same = sum(r["responses"][d] == hf["responses"][d] for d in hf["responses"])
-        print(f"| {r['engine']} | {r['loop']} | {r['load_s']:.1f} s | {r['wall_s']:.1f} s | {r['tokens']} | "
-              f"{r['tokens_per_s']:.1f} | {same}/{len(hf['responses'])} |")
+        print(f"| {r['engine']} | {r['loop']} | {r['batch']} | {r['load_s']:.1f} s | {r['wall_s']:.1f} s | "
+              f"{r['tokens']} | {r['tokens_per_s']:.1f} | {same}/{len(hf['responses'])} |")
     by = {(r["engine"], r["loop"]): r for r in rows}
     for engine in ("hf", "vllm") if a.loop != "-" else ():
         ratio = by[(engine, a.loop)]["wall_s"] / by[(engine, "-")]["wall_s"]
