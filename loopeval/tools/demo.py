@@ -56,7 +56,7 @@ class DemoSize:
 
 
 SIZES = {
-    # under 5 minutes on 2 CPU cores (253 s on an AVX-512 Xeon, docs/benchmarks.md); hidden 96 learns
+    # about 5 minutes on 2 CPU cores (249 to 308 s on an AVX-512 Xeon, docs/benchmarks.md); hidden 96 learns
     # the task as far as hidden 128 did for 0.6x the training FLOPs; 480 steps, since 600 took 329 s there
     "default": DemoSize(n_train=8000, n_test=250, steps=480, batch_size=32, layers=6, hidden=96, vocab=512, lr=4e-3),
     # a smoke test of every stage, for CI (about a minute)
