@@ -107,14 +107,20 @@ def test_an_unlooped_server_gives_the_engines_tokens_and_sigterm_leaves_no_proce
 
     with running_server(workdir / "base", *ENGINE, timeout=START) as server:
         _assert_openai_gets_the_in_process_engines_tokens(server, workdir / "base", None)
-        group = _group(server.process.pid)
-        assert len(group) >= 2, group  # the API server and vLLM's engine process
-        server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(timeout=STOP) is not None
-        deadline = time.monotonic() + STOP
-        while _group(server.process.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)  # polls for an event (the processes' exit), bounded by STOP
-        assert _group(server.process.pid) == []
+        _assert_stops_leaving_no_process(server, lambda: server.process.send_signal(signal.SIGTERM))
+
+
+def _assert_stops_leaving_no_process(server, signal_it) -> None:
+    """After ``signal_it()`` the server exits, and every process of its group with it (the API
+    server and vLLM's engine process, which the server leads: ``start_new_session``)."""
+    group = _group(server.process.pid)
+    assert len(group) >= 2, group
+    signal_it()
+    assert server.process.wait(timeout=STOP) is not None
+    deadline = time.monotonic() + STOP
+    while _group(server.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)  # polls for an event (the processes' exit), bounded by STOP
+    assert _group(server.process.pid) == []
 
 
 @pytest.mark.slow
@@ -276,8 +282,10 @@ def test_a_server_that_dies_at_start_is_reported_with_its_log(workdir, tmp_path)
 @pytest.mark.slow
 def test_smollm2_served_looped_answers_chat_with_the_in_process_engines_tokens():
     """Real weights: SmolLM2 looped 14:16x2 behind the server, a GSM8K question through the chat
-    completions API, against the in-process engine on the same prompt ids."""
+    completions API, against the in-process engine on the same prompt ids; then Ctrl-C in the
+    server's terminal (SIGINT to its whole process group) stops it, leaving no process."""
     import json
+    import os
 
     from loopeval.engines.server import running_server
     from real.conftest import GSM8K_8, _absent, _smollm2_file, imported
@@ -291,6 +299,7 @@ def test_smollm2_served_looped_answers_chat_with_the_in_process_engines_tokens()
         r = _client(server).chat.completions.create(
             model=server.model, messages=[{"role": "user", "content": question}], max_tokens=32, temperature=0,
             extra_body=IDS)
+        _assert_stops_leaving_no_process(server, lambda: os.killpg(server.process.pid, signal.SIGINT))
     assert len(r.choices[0].token_ids) > 8
     assert r.choices[0].token_ids == _in_process(model, "14:16x2", [r.prompt_token_ids], 32)[0]
 
