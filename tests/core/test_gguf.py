@@ -114,6 +114,34 @@ def test_a_gguf_that_leaves_a_weight_unset_is_refused_before_any_weights_load(tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("arch,error", [("bert", "ValueError"), ("lfm2", "TypeError"), ("phi3", "AssertionError")])
+def test_a_gguf_transformers_builds_no_model_from_is_refused_in_one_line(tmp_path, arch, error):
+    """A sound header whose metadata transformers cannot build a causal LM from (bert: no GGUF
+    support; lfm2 without its layer types: a TypeError; phi3 with its default padding id past a
+    64-token vocabulary: torch's assertion) is refused in one line naming the file and
+    transformers' own error, whatever its type."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path / f"{arch}.gguf"
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(2)
+    w.add_context_length(128)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(96)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(64)
+    w.add_tensor("token_embd.weight", np.zeros((64, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=rf"^{path}: transformers builds no model from it \({error}: .+\)$"):
+        check_gguf(path)
+
+
 def test_a_gguf_without_a_tokenizer_or_beside_another_models_files_is_refused_before_weights_load(tmp_path, monkeypatch):
     """transformers takes a folder's tokenizer files before the file's own, and loopeval the
     folder's loop: a GGUF beside another model's files loaded and crashed mid-generation
