@@ -2,8 +2,6 @@
 
 import gc
 
-import pytest
-
 
 def assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24, max_model_len=256, inspect=None,
                                   enforce_eager=(True,), engine_args=None):
@@ -54,6 +52,7 @@ def assert_engine_tokens_equal_hf(path, model, loop, prompts, *, max_tokens=24, 
             assert tokens[:n] == hf.sequences[0, len(prompt):].tolist()[:min(n, len(tokens))], (eager, i)
             assert n < len(tokens) or len(tokens) == max_tokens or out.finish_reason == "stop"
             compared[eager] += min(n, len(tokens))
-    if min(compared.values()) < len(prompts) * 4:
-        pytest.skip(f"only {compared} greedy tokens before a numerical tie on these weights: too few to compare")
+    # A tie is a top-two gap within float32 rounding (about 1e-6 of a logit): on these weights a
+    # handful per prompt would take a chance of that order per step, so this cannot fail by luck.
+    assert min(compared.values()) >= len(prompts) * 4, f"only {compared} greedy tokens compared before numerical ties"
     return inspected

@@ -274,9 +274,9 @@ def test_a_server_that_dies_at_start_is_reported_with_its_log(workdir, tmp_path)
     carries the log's tail (here vLLM's refusal of a model length past the model's positions)."""
     from loopeval.engines.server import running_server
 
+    starting = running_server(workdir / "base", "--max-model-len", "10000000", timeout=START, log=tmp_path / "log")
     with pytest.raises(RuntimeError, match=r"exited \(\d+\) before answering /health(.|\n)*max_model_len"):
-        with running_server(workdir / "base", "--max-model-len", "10000000", timeout=START, log=tmp_path / "log"):
-            pass
+        starting.__enter__()  # the start itself raises (and stops what it started)
 
 
 @pytest.mark.slow
