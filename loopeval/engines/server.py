@@ -119,7 +119,7 @@ def vllm_options_help(keyword: str | None = None) -> str:
     command cannot print (:mod:`loopeval.engines.vllm_metadata`)."""
     parser = _vllm_parser()
     parser._search_keyword = keyword  # how vLLM's parser receives --help=KEYWORD
-    return parser.format_help()
+    return parser.format_help().replace("'--help", "'--vllm-help")  # its hints name its own flag
 
 
 def _vllm_args(checkpoint, vllm_argv: list[str]):

@@ -267,6 +267,11 @@ def test_vllm_help_lists_vllms_serve_options(capsys):
         out = capsys.readouterr().out
         assert exit_.value.code == 0
         assert all(f"{o} " in out for o in present) and not any(f"{o} " in out for o in absent), keyword
+    with pytest.raises(SystemExit):
+        main(["serve", "--vllm-help=no-such-option"])
+    out = capsys.readouterr().out
+    assert "No group or arguments matching 'no-such-option'" in out and "'--vllm-help=all'" in out
+    assert "'--help" not in out  # loopeval's --help lists loopeval's options, not these
 
 
 def test_a_server_that_dies_at_start_is_reported_with_its_log(workdir, tmp_path):
