@@ -11,12 +11,10 @@ class _VllmHelp(argparse.Action):
     """``--vllm-help[=KEYWORD]``: print vLLM's serve options and exit, as ``--help`` does."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from loopeval.engines.vllm_engine import INSTALL, engine_version
-
         try:
-            engine_version()
-        except ImportError:
-            parser.error(f"--vllm-help: vLLM is not installed in this environment: {INSTALL}")
+            _require_vllm()
+        except ValueError as exc:
+            parser.error(f"--vllm-help: {exc}")
         from loopeval.engines.server import vllm_options_help
 
         print(vllm_options_help(values))
@@ -32,8 +30,8 @@ def add(sub) -> None:
         "the vLLM engine, with the defaults and refusals of lm_eval --model looped engine=vllm; prints its cost "
         "(c, KV bytes per token), listens on 127.0.0.1:8000 unless --host/--port say otherwise, answers GET "
         "/health, and stops on Ctrl-C or SIGTERM. Every other option is vllm serve's (e.g. --dtype float32 "
-        "--max-model-len 2048 --port 8001; --vllm-help=all lists them). Clients get plain decoding: budget forcing and the repetition stop "
-        "are harness rules (docs/serving.md, \"A server any client can call\"). Run it where vLLM is installed.",
+        "--max-model-len 2048 --port 8001; --vllm-help=all lists them). Clients get plain decoding: budget "
+        "forcing and the repetition stop are harness rules (docs/serving.md, \"A server any client can call\"). Run it where vLLM is installed.",
     )
     p.add_argument("checkpoint", help="checkpoint folder (loopeval import-gguf converts a GGUF file)")
     p.add_argument("--loop", help="loop spec, e.g. 14:16x2 (default: the checkpoint's own loop, if any)")
@@ -45,13 +43,18 @@ def add(sub) -> None:
     p.set_defaults(func=run, passes_through=True)
 
 
-def run(args) -> int:
+def _require_vllm() -> None:
+    """``ValueError`` with the install line where vLLM is not installed."""
     from loopeval.engines.vllm_engine import INSTALL, engine_version
 
     try:
         engine_version()
     except ImportError:
         raise ValueError(f"vLLM is not installed in this environment: {INSTALL}") from None
+
+
+def run(args) -> int:
+    _require_vllm()
     from loopeval.engines.server import prepare, serve
 
     serve(prepare(args.checkpoint, args.passed, loop=args.loop, exit_after=args.exit_after, **loop_options(args)))
